@@ -1,0 +1,224 @@
+"""Poisson log-mass, in rate and in log-rate form, with hand-derived VJPs."""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.typing import ArrayLike
+
+from fusedlp import _checks
+from fusedlp._vjp import scaled, sum_to_shape
+
+# Derivation (one element; the kernels sum over elements):
+#
+#   rate form:      log P(k | lam) = k log(lam) - lam - log k!
+#                   d/dlam = k / lam - 1                 (= -1 at k = 0, also at lam = 0)
+#   log-rate form:  log P(k | eta) = k eta - exp(eta) - log k!,   lam = exp(eta)
+#                   d/deta = k - exp(eta)                (exp(eta) shared with the value)
+#
+# log k! does not depend on the parameters, so it appears in no partial: `normalized=False`
+# drops it (it is most of the cost) and the gradient is unchanged. k is data: it receives a
+# zero cotangent (integer k receives none at all).
+#
+# Edges, elementwise: k < 0, non-integer or infinite k is outside the support: -inf with a
+# zero partial. lam < 0, lam = inf, eta = +inf or NaN anywhere: NaN. lam = 0 (eta = -inf)
+# is the boundary: k = 0 gives exactly 0 with d/dlam = -1; k > 0 gives -inf, d/dlam = +inf.
+
+_TABLE_SIZE = 128
+# log k! for k < 128, correctly rounded from float64: float32 lgamma(k + 1) is off by a few
+# ulp even at k = 0 (lgamma(1) = 2**-21 there, not 0).
+_LOG_FACTORIAL = np.array([math.lgamma(k + 1.0) for k in range(_TABLE_SIZE)])
+
+
+def _log_factorial(k: jax.Array) -> jax.Array:
+    """log k! for non-negative integer-valued float k: exact table below 128, lgamma above."""
+    table = jnp.asarray(_LOG_FACTORIAL, dtype=k.dtype)
+    small = jnp.take(table, jnp.clip(k, 0, _TABLE_SIZE - 1).astype(jnp.int32))
+    return jnp.where(k < _TABLE_SIZE, small, jax.lax.lgamma(k + 1.0))
+
+
+def _in_support(k):
+    return (k >= 0) & (k == jnp.floor(k)) & jnp.isfinite(k)
+
+
+def _finish(terms, k, param_ok, normalized):
+    """Apply support/parameter verdicts elementwise and drop or subtract log k!."""
+    kok = _in_support(k)
+    if normalized:
+        terms = terms - jnp.where(kok, _log_factorial(jnp.where(kok, k, 0.0)), 0.0)
+    terms = jnp.where(kok, terms, -jnp.inf)
+    return jnp.where(param_ok & ~jnp.isnan(k), terms, jnp.nan), kok
+
+
+# ---------------------------------------------------------------------------- rate form
+
+
+def _rate_ok(rate):
+    return (rate >= 0) & (rate < jnp.inf)
+
+
+def _poisson_terms(normalized, k, rate):
+    # k log(lam) with 0 log 0 = 0; at lam = 0, k > 0 this is -inf, as it should be.
+    klog = jnp.where(k == 0, 0.0, k * jnp.log(rate))
+    return _finish(klog - rate, k, _rate_ok(rate), normalized)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _poisson(normalized, k, rate):
+    return jnp.sum(_poisson_terms(normalized, k, rate)[0])
+
+
+def _poisson_fwd(normalized, k, rate):
+    kv, rv = k.value, rate.value
+    terms, kok = _poisson_terms(normalized, kv, rv)
+    drate = None
+    if rate.perturbed:
+        # k / lam - 1, with the k = 0 branch exact at lam = 0 (double where: no 0/0 anywhere).
+        safe = jnp.where(kv == 0, 1.0, rv)
+        d = jnp.where(kv == 0, -1.0, kv / safe - 1.0)
+        d = jnp.where(kok, d, 0.0)
+        d = jnp.where(_rate_ok(rv) & ~jnp.isnan(kv), d, jnp.nan)
+        drate = sum_to_shape(jnp.broadcast_to(d, terms.shape), rv.shape)
+    return jnp.sum(terms), drate
+
+
+def _poisson_bwd(normalized, drate, g):
+    return None, scaled(g, drate)
+
+
+_poisson.defvjp(_poisson_fwd, _poisson_bwd, symbolic_zeros=True)
+
+# ------------------------------------------------------------------------ log-rate form
+
+
+def _log_rate_ok(log_rate):
+    return log_rate < jnp.inf  # False for +inf and NaN; -inf (rate 0) is allowed
+
+
+def _poisson_log_terms(normalized, k, log_rate, rate):
+    keta = jnp.where(k == 0, 0.0, k * log_rate)  # 0 * (-inf) = 0 at the boundary
+    return _finish(keta - rate, k, _log_rate_ok(log_rate), normalized)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _poisson_log(normalized, k, log_rate):
+    terms, _ = _poisson_log_terms(normalized, k, log_rate, jnp.exp(log_rate))
+    return jnp.sum(terms)
+
+
+def _poisson_log_fwd(normalized, k, log_rate):
+    kv, ev = k.value, log_rate.value
+    rate = jnp.exp(ev)  # computed once: the value and the partial both use it
+    terms, kok = _poisson_log_terms(normalized, kv, ev, rate)
+    deta = None
+    if log_rate.perturbed:
+        d = jnp.where(kok, kv - rate, 0.0)
+        d = jnp.where(_log_rate_ok(ev) & ~jnp.isnan(kv), d, jnp.nan)
+        deta = sum_to_shape(jnp.broadcast_to(d, terms.shape), ev.shape)
+    return jnp.sum(terms), deta
+
+
+_poisson_log.defvjp(_poisson_log_fwd, _poisson_bwd, symbolic_zeros=True)
+
+# -------------------------------------------------------------------------- public API
+
+
+def _prepare(fn, k, param_name, param, validate_args, param_bad, param_what):
+    k = _checks.as_real_array(fn, "k", k)
+    param = _checks.as_real_array(fn, param_name, param)
+    _checks.broadcast_shape(fn, k=k, **{param_name: param})
+    if _checks.want_validation(validate_args):
+        _checks.validate(
+            fn, "k", k, lambda a: ~((a >= 0) & (np.floor(a) == a) & np.isfinite(a)),
+            "must hold non-negative integer counts",
+        )
+        _checks.validate(fn, param_name, param, param_bad, param_what)
+    dt = _checks.float_dtype(param) if jnp.issubdtype(k.dtype, jnp.integer) else (
+        _checks.float_dtype(k, param)
+    )
+    return k.astype(dt), param.astype(dt)
+
+
+def poisson_lpmf(
+    k: ArrayLike,
+    rate: ArrayLike,
+    *,
+    normalized: bool = True,
+    validate_args: bool | None = None,
+) -> jax.Array:
+    r"""Summed Poisson log-mass :math:`\sum_i \log \mathrm{Poisson}(k_i \mid \lambda_i)`.
+
+    .. math::
+
+        \log \mathrm{Poisson}(k \mid \lambda) = k \log\lambda - \lambda - \log k!,
+        \qquad \partial_\lambda = k/\lambda - 1
+
+    Args:
+      k: counts (integer or integer-valued float). Integer ``k`` takes the floating dtype
+        of ``rate``; in float32 counts above 2**24 are rounded. ``k`` is data and gets a
+        zero gradient.
+      rate: :math:`\lambda \ge 0`, finite.
+      normalized: if False, drop :math:`-\log k!` (Stan's ``propto``), which does not
+        depend on ``rate`` and costs most of the time. The gradient is unchanged.
+      validate_args: check concrete inputs and raise ``ValueError`` naming the argument and
+        the first offending index (default: the global setting).
+
+    Returns:
+      A scalar. ``-inf`` with a zero gradient for counts outside the support (negative,
+      non-integer); ``NaN`` for ``rate < 0``, ``rate = inf`` or NaN anywhere. At
+      ``rate = 0``: ``k = 0`` contributes exactly 0 with derivative -1, ``k > 0`` gives
+      ``-inf``. Empty inputs give ``0.0``.
+
+    Example:
+      >>> import jax, fusedlp
+      >>> jax.grad(fusedlp.poisson_lpmf, argnums=1)(3, 2.0)  # 3/2 - 1
+      Array(0.5, dtype=float32, weak_type=True)
+    """
+    k, rate = _prepare(
+        "poisson_lpmf", k, "rate", rate, validate_args,
+        lambda a: ~((a >= 0) & np.isfinite(a)), "must be finite and >= 0",
+    )
+    return _poisson(bool(normalized), k, rate)
+
+
+def poisson_log_lpmf(
+    k: ArrayLike,
+    log_rate: ArrayLike,
+    *,
+    normalized: bool = True,
+    validate_args: bool | None = None,
+) -> jax.Array:
+    r"""Summed Poisson log-mass with a log-rate, :math:`\lambda = e^\eta`, without a round trip.
+
+    .. math::
+
+        \log \mathrm{Poisson}(k \mid e^\eta) = k\eta - e^\eta - \log k!,
+        \qquad \partial_\eta = k - e^\eta
+
+    The natural parametrisation of Poisson regression (``poisson_log_lpmf(k, X @ beta)``):
+    one ``exp`` per element serves the value and the gradient, and no ``log`` is taken.
+
+    Args:
+      k: counts, as in :func:`poisson_lpmf`.
+      log_rate: :math:`\eta < +\infty`; ``-inf`` is the rate-0 boundary.
+      normalized: if False, drop :math:`-\log k!`.
+      validate_args: as in :func:`poisson_lpmf`.
+
+    Returns:
+      A scalar, with the edge conventions of :func:`poisson_lpmf` (``eta = +inf`` is an
+      infinite rate: NaN).
+
+    Example:
+      >>> import jax, fusedlp
+      >>> jax.grad(fusedlp.poisson_log_lpmf, argnums=1)(3, 0.0)  # 3 - e^0
+      Array(2., dtype=float32, weak_type=True)
+    """
+    k, log_rate = _prepare(
+        "poisson_log_lpmf", k, "log_rate", log_rate, validate_args,
+        lambda a: ~(a < np.inf), "must be < +inf and not NaN",
+    )
+    return _poisson_log(bool(normalized), k, log_rate)
