@@ -22,17 +22,16 @@ _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 #   d/dmu    = +z / sigma                       = -d/dx
 #   d/dsigma = -1/sigma + z^2 / sigma           = (z^2 - 1) / sigma
 #
-# So z and 1/sigma, formed once in the forward pass, give the value and all three partials.
-# The output is a scalar, so the VJP of a cotangent g is g times the gradient: the forward
-# rule computes the (already reduced) gradient and the backward rule only scales it.
+# So z and 1/sigma, formed once, give the value and all three partials. The output is a
+# scalar, so the VJP of a cotangent g is g times the gradient: the forward rule computes the
+# gradient, already folded to each argument's shape, and the backward rule only scales it
+# (under value_and_grad the cotangent is the constant 1 and XLA drops the multiply).
 #
-# Scalar sigma (the common case) is handled in closed form over the sums
-#   S2 = sum z_i^2:  value = -S2/2 - n log(sigma) - n log(2 pi)/2,
-#                    d/dsigma = (S2 - n) / sigma,
-# so the only array the pass writes is g_i = z_i / sigma (d/dmu_i), and S2 is reduced from
-# that freshly written array (S2 = sigma^2 sum g_i^2) instead of re-reading x: two memory
-# passes, which is as close to the single pass of a hand loop as XLA:CPU gets (it does not
-# fuse a reduction and an elementwise output into one loop).
+# Memory traffic, not arithmetic, bounds this kernel. XLA:CPU does not fuse a reduction and
+# an elementwise output into one loop, so the forward rule is two passes: one reduction for
+# the value (and, for a scalar sigma, the sum of z^2 that d/dsigma needs), one elementwise
+# pass writing z / sigma. Validity verdicts are folded into those passes elementwise, or
+# decided once on scalars: an `any`/`all` over an array would be a pass of its own.
 #
 # Edges: x = +-inf is outside the support (value -inf, zero partials for that element);
 # sigma <= 0, non-finite sigma or mu give NaN; NaN anywhere propagates as NaN.
@@ -42,14 +41,19 @@ def _params_ok(loc, scale):
     return jnp.isfinite(loc) & jnp.isfinite(scale) & (scale > 0)
 
 
+def _terms(x, loc, scale):
+    """Elementwise -z^2/2 - log(sigma) with the edge verdicts, and z (zero off-support)."""
+    off = jnp.isinf(x)
+    z = jnp.where(off, 0.0, (x - loc) / scale)
+    t = jnp.where(off, -jnp.inf, -0.5 * z * z - jnp.log(scale))
+    return jnp.where(_params_ok(loc, scale), t, jnp.nan), z, off
+
+
 def _normal_value(normalized, x, loc, scale):
-    z = (x - loc) / scale
-    out = -0.5 * z * z - jnp.log(scale)
-    out = jnp.where(jnp.isinf(x), -jnp.inf, out)
-    out = jnp.where(_params_ok(loc, scale), out, jnp.nan)
-    total = jnp.sum(out)
+    t, _, _ = _terms(x, loc, scale)
+    total = jnp.sum(t)
     if normalized:
-        total = total - _HALF_LOG_2PI * math.prod(out.shape)
+        total = total - _HALF_LOG_2PI * math.prod(t.shape)
     return total
 
 
@@ -60,58 +64,22 @@ def _normal(normalized, x, loc, scale):
 
 def _normal_fwd(normalized, x, loc, scale):
     xv, lv, sv = x.value, loc.value, scale.value
-    need = (x.perturbed, loc.perturbed, scale.perturbed)
-    if sv.size == 1:
-        value, grads = _fwd_scalar_scale(normalized, xv, lv, sv, need)
-    else:
-        value, grads = _fwd_array_scale(normalized, xv, lv, sv, need)
-    return value, grads
-
-
-def _fwd_scalar_scale(normalized, x, loc, scale, need):
-    shape = jnp.broadcast_shapes(x.shape, loc.shape, scale.shape)
-    n = math.prod(shape)
-    s = scale.reshape(())
-    ok = _params_ok(loc, s)  # elementwise only when loc is an array
-    inv = 1.0 / s
-    off = jnp.isinf(x)  # outside the support: zero partial, value -inf
-    g = jnp.where(off, 0.0, (x - loc) * inv * inv)  # z / sigma = d/dmu, broadcast shape
-    g = jnp.broadcast_to(g, shape) if g.shape != shape else g
-    s2 = jnp.sum(g * g) * (s * s)  # sum z^2 over the in-support elements
-    value = -0.5 * s2 - n * jnp.log(s)
-    if normalized:
-        value = value - _HALF_LOG_2PI * n
-    value = jnp.where(jnp.any(off), -jnp.inf, value)
-    all_ok = jnp.all(ok)
-    value = jnp.where(all_ok, value, jnp.nan)
-    g = jnp.where(ok, g, jnp.nan)
-    dx = sum_to_shape(-g, x.shape) if need[0] else None
-    dloc = sum_to_shape(g, loc.shape) if need[1] else None
-    dscale = None
-    if need[2]:
-        dscale = jnp.where(all_ok, (s2 - n) * inv, jnp.nan).reshape(scale.shape)
-    return value, (dx, dloc, dscale)
-
-
-def _fwd_array_scale(normalized, x, loc, scale, need):
-    shape = jnp.broadcast_shapes(x.shape, loc.shape, scale.shape)
-    ok = _params_ok(loc, scale)
-    inv = 1.0 / scale
-    off = jnp.isinf(x)
-    z = jnp.where(off, 0.0, (x - loc) * inv)
-    terms = jnp.where(off, -jnp.inf, -0.5 * z * z - jnp.log(scale))
-    terms = jnp.where(ok, terms, jnp.nan)
-    value = jnp.sum(terms)
-    if normalized:
-        value = value - _HALF_LOG_2PI * math.prod(shape)
-    g = jnp.where(ok, z * inv, jnp.nan)
-    g = jnp.broadcast_to(g, shape)
-    dx = sum_to_shape(-g, x.shape) if need[0] else None
-    dloc = sum_to_shape(g, loc.shape) if need[1] else None
-    dscale = None
-    if need[2]:
-        ds = jnp.where(ok, (z * z - 1.0) * inv, jnp.nan)
-        dscale = sum_to_shape(jnp.broadcast_to(ds, shape), scale.shape)
+    value = _normal_value(normalized, xv, lv, sv)
+    shape = jnp.broadcast_shapes(xv.shape, lv.shape, sv.shape)
+    inv = 1.0 / sv
+    ok = _params_ok(lv, sv)
+    off = jnp.isinf(xv)
+    dx = dloc = dscale = None
+    if x.perturbed or loc.perturbed:
+        # d/dmu = z / sigma = (x - mu) / sigma^2; zero off the support, NaN for bad params
+        g = jnp.where(ok, jnp.where(off, 0.0, (xv - lv) * (inv * inv)), jnp.nan)
+        g = jnp.broadcast_to(g, shape)
+        dx = sum_to_shape(-g, xv.shape) if x.perturbed else None
+        dloc = sum_to_shape(g, lv.shape) if loc.perturbed else None
+    if scale.perturbed:
+        z = jnp.where(off, 0.0, (xv - lv) * inv)
+        ds = jnp.where(ok, jnp.where(off, 0.0, (z * z - 1.0) * inv), jnp.nan)
+        dscale = sum_to_shape(jnp.broadcast_to(ds, shape), sv.shape)
     return value, (dx, dloc, dscale)
 
 
