@@ -1,0 +1,41 @@
+"""``python -m bench [SUBCOMMAND] ...``: the benchmark entry point.
+
+Subcommands:
+  kernels   fused kernels vs jax autodiff vs hand-written numba loops (the default)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from bench import kernels
+
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="fusedlp benchmarks. With no subcommand, runs `kernels` with its defaults.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="SUBCOMMAND")
+    p = sub.add_parser(
+        "kernels",
+        help="time value / gradient / value-and-gradient of every kernel, N = 10 .. 1e7",
+        description=(kernels.__doc__ or "").strip().splitlines()[0],
+    )
+    kernels.add_arguments(p)
+    p.set_defaults(run=kernels.main)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
+        argv = ["kernels", *argv]  # no subcommand: `kernels` (the only one, for now)
+    args = parser.parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,224 @@
+"""Shared timing helpers for the benchmarks: machine record, interleaved timing, formatting.
+
+Timing method (optimistix/lineax style): every JAX callable is compiled ahead of time with
+``jit(f).lower(*args).compile()`` (so compile time is measured apart from run time and the
+jitted function's own cache is warm), each timed call ends in ``jax.block_until_ready``, and
+the variants being compared are called round-robin, one call each per round, so that a slow
+phase of a noisy machine hits all of them alike. The statistic reported is the median; min
+and inter-quartile range are kept alongside.
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import math
+import os
+import platform
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+
+import jax
+import numpy as np
+
+__all__ = (
+    "Stats",
+    "aot_compile",
+    "fmt_ratio",
+    "fmt_us",
+    "machine_info",
+    "time_interleaved",
+)
+
+
+# --------------------------------------------------------------------------- machine
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _cpu_flags() -> list[str]:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    flags = line.split(":", 1)[1].split()
+                    return sorted(f for f in flags if f.startswith(("avx", "fma", "sse4")))
+    except OSError:
+        pass
+    return []
+
+
+def machine_info() -> dict:
+    """What the numbers were measured on."""
+    import jaxlib
+
+    info = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu_model": _cpu_model(),
+        "cpu_simd_flags": _cpu_flags(),
+        "cpu_count": os.cpu_count(),
+        "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "backend": jax.default_backend(),
+        "devices": [str(d) for d in jax.devices()],
+        "jax_enable_x64": bool(jax.config.values.get("jax_enable_x64")),
+        "jax_cpu_enable_async_dispatch": bool(
+            jax.config.values.get("jax_cpu_enable_async_dispatch", True)),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "numpy": np.__version__,
+        "load_average_1_5_15min": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
+    try:
+        import numba
+
+        info["numba"] = numba.__version__
+        info["numba_svml"] = bool(numba.config.USING_SVML)
+    except ImportError:  # pragma: no cover - numba is a bench dependency
+        info["numba"] = None
+    return info
+
+
+# --------------------------------------------------------------------------- compile
+
+
+def aot_compile(fn: Callable, *args) -> tuple[Callable, float, float]:
+    """Lower and compile ``jax.jit(fn)`` for ``args``; return ``(jitted, lower_s, compile_s)``.
+
+    The returned callable is the jitted function itself (what a user calls): JAX reuses the
+    ahead-of-time compilation for it, so its first call is already warm.
+    """
+    jitted = jax.jit(fn)
+    t0 = time.perf_counter()
+    lowered = jitted.lower(*args)
+    t1 = time.perf_counter()
+    lowered.compile()
+    t2 = time.perf_counter()
+    return jitted, t1 - t0, t2 - t1
+
+
+# --------------------------------------------------------------------------- timing
+
+
+@dataclass
+class Stats:
+    """Per-call wall times of one variant, in seconds."""
+
+    median: float
+    min: float
+    q1: float
+    q3: float
+    mean: float
+    repeats: int
+    total: float
+
+    @property
+    def iqr(self) -> float:
+        return self.q3 - self.q1
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["iqr"] = self.iqr
+        return d
+
+    @classmethod
+    def of(cls, samples) -> Stats:
+        a = np.asarray(samples, dtype=float)
+        q1, med, q3 = np.percentile(a, [25, 50, 75])
+        return cls(float(med), float(a.min()), float(q1), float(q3), float(a.mean()),
+                   int(a.size), float(a.sum()))
+
+
+def _timed_once(call: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    jax.block_until_ready(call())
+    return time.perf_counter() - t0
+
+
+def time_interleaved(
+    calls: Mapping[str, Callable[[], object]],
+    *,
+    min_repeats: int = 7,
+    min_total: float = 0.2,
+    max_repeats: int = 20_000,
+    max_total: float | None = None,
+    warmup: int = 1,
+) -> dict[str, Stats]:
+    """Time several zero-argument callables round-robin; return per-call :class:`Stats`.
+
+    Adaptive: a variant keeps being called until it has at least ``min_repeats`` samples
+    and ``min_total`` seconds of timed calls, or until it hits ``max_repeats`` samples or
+    (with at least ``min_repeats`` samples) ``max_total`` seconds. Each round calls every
+    variant that still needs samples once, in turn, so the variants share the machine's
+    noisy phases. The garbage collector is off while timing, as in :mod:`timeit`.
+    """
+    names = list(calls)
+    for name in names:
+        for _ in range(warmup):
+            jax.block_until_ready(calls[name]())
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    spent = dict.fromkeys(names, 0.0)
+
+    def needs(name: str) -> bool:
+        k = len(samples[name])
+        if k < min_repeats:
+            return True
+        if k >= max_repeats or (max_total is not None and spent[name] >= max_total):
+            return False
+        return spent[name] < min_total
+
+    gc_was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        active = names
+        while active:
+            for name in active:
+                t = _timed_once(calls[name])
+                samples[name].append(t)
+                spent[name] += t
+            active = [name for name in names if needs(name)]
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return {name: Stats.of(samples[name]) for name in names}
+
+
+# --------------------------------------------------------------------------- formatting
+
+
+def fmt_sig(x: float, sig: int = 3) -> str:
+    """``x`` to ``sig`` significant figures, plain notation (no exponent below 1e7)."""
+    if x is None or not math.isfinite(x):
+        return "—"
+    if x == 0:
+        return "0"
+    mag = math.floor(math.log10(abs(x)))
+    if abs(round(x, sig - 1 - mag)) >= 10.0 ** (mag + 1):  # 9.996 -> 10.0: one more digit
+        mag += 1
+    digits = sig - 1 - mag
+    rounded = round(x, digits)
+    if digits <= 0:
+        return f"{int(rounded):d}"
+    return f"{rounded:.{digits}f}"
+
+
+def fmt_us(seconds: float | None) -> str:
+    """Seconds as microseconds, 3 significant figures."""
+    return "—" if seconds is None else fmt_sig(seconds * 1e6, 3)
+
+
+def fmt_ratio(r: float | None) -> str:
+    return "—" if r is None or not math.isfinite(r) else fmt_sig(r, 3)
