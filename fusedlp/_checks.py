@@ -67,6 +67,13 @@ def float_dtype(*arrays: jax.Array):
     return dt
 
 
+def is_python_number(value) -> bool:
+    """A Python int/float, or a tuple/list of them: weakly typed, like a JAX Python scalar."""
+    if isinstance(value, (tuple, list)):
+        return all(is_python_number(v) for v in value)
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def broadcast_shape(fn: str, **arrays: jax.Array) -> tuple[int, ...]:
     """Broadcast shape of the named arrays; the error names the first argument that clashes."""
     shape: tuple[int, ...] = ()

@@ -159,11 +159,11 @@ def eam_energy(
     if r.ndim == 0:
         raise ValueError(f"{fn}: argument `r` must have at least one axis (neighbours), got a scalar")
     try:
-        amp, beta = density
+        amp_raw, beta_raw = density
     except (TypeError, ValueError):
         raise TypeError(f"{fn}: argument `density` must be a pair (A, beta)") from None
-    amp = _checks.as_real_array(fn, "density[0] (A)", amp)
-    beta = _checks.as_real_array(fn, "density[1] (beta)", beta)
+    amp = _checks.as_real_array(fn, "density[0] (A)", amp_raw)
+    beta = _checks.as_real_array(fn, "density[1] (beta)", beta_raw)
     for name, a in (("density[0] (A)", amp), ("density[1] (beta)", beta)):
         if a.ndim != 0:
             raise ValueError(f"{fn}: argument `{name}` must be a scalar, got shape {a.shape}")
@@ -189,5 +189,8 @@ def eam_energy(
         _checks.validate(fn, "density[1] (beta)", beta, lambda a: ~(np.isfinite(a) & (a > 0)),
                          "must be finite and > 0")
         _checks.validate(fn, "embedding", coeffs, lambda a: ~np.isfinite(a), "must be finite")
-    dt = _checks.float_dtype(r, amp, beta, coeffs)
+    # Python numbers (the defaults among them) are weak: they take r's precision.
+    given = [a for a, raw in ((amp, amp_raw), (beta, beta_raw), (coeffs, embedding))
+             if not _checks.is_python_number(raw)]
+    dt = _checks.float_dtype(r, *given)
     return _eam(r.astype(dt), mask, amp.astype(dt), beta.astype(dt), coeffs.astype(dt))

@@ -29,9 +29,14 @@ _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 #
 # Memory traffic, not arithmetic, bounds this kernel. XLA:CPU does not fuse a reduction and
 # an elementwise output into one loop, so the forward rule is two passes: one reduction for
-# the value (and, for a scalar sigma, the sum of z^2 that d/dsigma needs), one elementwise
-# pass writing z / sigma. Validity verdicts are folded into those passes elementwise, or
-# decided once on scalars: an `any`/`all` over an array would be a pass of its own.
+# the value, one elementwise pass writing z / sigma. The reduction is kept free of selects:
+# XLA:CPU hands a plain arithmetic reduction to its vectorised reduce kernel (YNNPACK), but
+# materialises a select-laden input as a full temporary array first. So the edge verdicts
+# are arithmetic there: x = +-inf makes z^2 = inf by itself; (mu - mu) is 0 for a finite mu
+# and NaN otherwise; log(sigma) is NaN for sigma < 0 and, at sigma = 0, meets z^2 = inf as
+# inf - inf = NaN. Scalar parameters are judged once, after the sum. The value squares
+# x + (-mu) while the partials use x - mu: the two must not be merged into one shared,
+# materialised difference array (XLA's CSE would do that for identical expressions).
 #
 # Edges: x = +-inf is outside the support (value -inf, zero partials for that element);
 # sigma <= 0, non-finite sigma or mu give NaN; NaN anywhere propagates as NaN.
@@ -41,19 +46,23 @@ def _params_ok(loc, scale):
     return jnp.isfinite(loc) & jnp.isfinite(scale) & (scale > 0)
 
 
-def _terms(x, loc, scale):
-    """Elementwise -z^2/2 - log(sigma) with the edge verdicts, and z (zero off-support)."""
-    off = jnp.isinf(x)
-    z = jnp.where(off, 0.0, (x - loc) / scale)
-    t = jnp.where(off, -jnp.inf, -0.5 * z * z - jnp.log(scale))
-    return jnp.where(_params_ok(loc, scale), t, jnp.nan), z, off
-
-
 def _normal_value(normalized, x, loc, scale):
-    t, _, _ = _terms(x, loc, scale)
-    total = jnp.sum(t)
+    shape = jnp.broadcast_shapes(x.shape, loc.shape, scale.shape)
+    n = math.prod(shape)
+    d = x + (-loc)  # not x - loc: see the note on CSE above
+    if scale.size == 1:
+        s = scale.reshape(())
+        sq = d * d if loc.size == 1 else d * d + (loc - loc)
+        sq = jnp.broadcast_to(sq, shape) if sq.size != n else sq
+        total = (-0.5 / (s * s)) * jnp.sum(sq) - n * jnp.log(s)
+        ok = jnp.all(_params_ok(loc, s)) if loc.size == 1 else _params_ok(0.0, s)
+        total = jnp.where(ok, total, jnp.nan)
+    else:
+        z = d / scale
+        t = z * z + 2.0 * jnp.log(scale) + ((loc - loc) + (scale - scale))
+        total = -0.5 * jnp.sum(jnp.broadcast_to(t, shape))
     if normalized:
-        total = total - _HALF_LOG_2PI * math.prod(t.shape)
+        total = total - _HALF_LOG_2PI * n
     return total
 
 
