@@ -52,9 +52,10 @@ def _normal_value(normalized, x, loc, scale):
     d = x + (-loc)  # not x - loc: see the note on CSE above
     if scale.size == 1:
         s = scale.reshape(())
-        sq = d * d if loc.size == 1 else d * d + (loc - loc)
+        z = d * (1.0 / s)  # not sum(d^2) / s^2: s^2 underflows for s < 1e-154
+        sq = z * z if loc.size == 1 else z * z + (loc - loc)
         sq = jnp.broadcast_to(sq, shape) if sq.size != n else sq
-        total = (-0.5 / (s * s)) * jnp.sum(sq) - n * jnp.log(s)
+        total = -0.5 * jnp.sum(sq) - n * jnp.log(s)
         ok = jnp.all(_params_ok(loc, s)) if loc.size == 1 else _params_ok(0.0, s)
         total = jnp.where(ok, total, jnp.nan)
     else:
@@ -81,7 +82,7 @@ def _normal_fwd(normalized, x, loc, scale):
     dx = dloc = dscale = None
     if x.perturbed or loc.perturbed:
         # d/dmu = z / sigma = (x - mu) / sigma^2; zero off the support, NaN for bad params
-        g = jnp.where(ok, jnp.where(off, 0.0, (xv - lv) * (inv * inv)), jnp.nan)
+        g = jnp.where(ok, jnp.where(off, 0.0, ((xv - lv) * inv) * inv), jnp.nan)
         g = jnp.broadcast_to(g, shape)
         dx = sum_to_shape(-g, xv.shape) if x.perturbed else None
         dloc = sum_to_shape(g, lv.shape) if loc.perturbed else None
