@@ -96,6 +96,8 @@ def _eam_fwd(r, mask, amp, beta, coeffs):
     dr = da = db = dc = None
     if r.perturbed:
         dr = nan_unless_ok((-bv * av) * df[..., None] * e)
+        if mv is not None:  # F'(p) = inf at an overflowed site must not meet e = 0 as NaN
+            dr = jnp.where(mv, dr, 0.0)
     if amp.perturbed:
         da = nan_unless_ok(jnp.sum(df * s))
     if beta.perturbed:
@@ -174,7 +176,10 @@ def eam_energy(
             f"got shape {coeffs.shape}"
         )
     if mask is not None:
-        mask = jnp.asarray(mask)
+        try:
+            mask = jnp.asarray(mask)
+        except (TypeError, ValueError) as err:
+            raise TypeError(f"{fn}: argument `mask` is not a boolean array ({err})") from None
         if mask.dtype != jnp.bool_:
             raise TypeError(f"{fn}: argument `mask` must be boolean, got {mask.dtype}")
         if mask.shape != r.shape:

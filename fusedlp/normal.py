@@ -46,20 +46,24 @@ def _params_ok(loc, scale):
     return jnp.isfinite(loc) & jnp.isfinite(scale) & (scale > 0)
 
 
+def _z_sum_squares(x, loc, s, shape):
+    """z = (x - mu)/sigma for a scalar sigma, and sum z^2 in one select-free reduction."""
+    z = (x + (-loc)) * (1.0 / s)  # x + (-mu), not x - mu: see the note on CSE above
+    sq = z * z if loc.size == 1 else z * z + (loc - loc)  # NaN for a non-finite array mu
+    return z, jnp.sum(jnp.broadcast_to(sq, shape))
+
+
 def _normal_value(normalized, x, loc, scale):
     shape = jnp.broadcast_shapes(x.shape, loc.shape, scale.shape)
     n = math.prod(shape)
-    d = x + (-loc)  # not x - loc: see the note on CSE above
     if scale.size == 1:
         s = scale.reshape(())
-        z = d * (1.0 / s)  # not sum(d^2) / s^2: s^2 underflows for s < 1e-154
-        sq = z * z if loc.size == 1 else z * z + (loc - loc)
-        sq = jnp.broadcast_to(sq, shape) if sq.size != n else sq
-        total = -0.5 * jnp.sum(sq) - n * jnp.log(s)
+        _, z2 = _z_sum_squares(x, loc, s, shape)
+        total = -0.5 * z2 - n * jnp.log(s)
         ok = jnp.all(_params_ok(loc, s)) if loc.size == 1 else _params_ok(0.0, s)
         total = jnp.where(ok, total, jnp.nan)
     else:
-        z = d / scale
+        z = (x + (-loc)) / scale
         t = z * z + 2.0 * jnp.log(scale) + ((loc - loc) + (scale - scale))
         total = -0.5 * jnp.sum(jnp.broadcast_to(t, shape))
     if normalized:
@@ -74,22 +78,59 @@ def _normal(normalized, x, loc, scale):
 
 def _normal_fwd(normalized, x, loc, scale):
     xv, lv, sv = x.value, loc.value, scale.value
-    value = _normal_value(normalized, xv, lv, sv)
     shape = jnp.broadcast_shapes(xv.shape, lv.shape, sv.shape)
     inv = 1.0 / sv
     ok = _params_ok(lv, sv)
     off = jnp.isinf(xv)
     dx = dloc = dscale = None
-    if x.perturbed or loc.perturbed:
+    # Arrays of partials (an output anyway, so selects cost nothing extra there).
+    if x.perturbed or (loc.perturbed and lv.size != 1):
         # d/dmu = z / sigma = (x - mu) / sigma^2; zero off the support, NaN for bad params
         g = jnp.where(ok, jnp.where(off, 0.0, ((xv - lv) * inv) * inv), jnp.nan)
         g = jnp.broadcast_to(g, shape)
         dx = sum_to_shape(-g, xv.shape) if x.perturbed else None
         dloc = sum_to_shape(g, lv.shape) if loc.perturbed else None
+    if sv.size != 1:
+        value = _normal_value(normalized, xv, lv, sv)
+        if scale.perturbed:
+            z = jnp.where(off, 0.0, (xv - lv) * inv)
+            ds = jnp.where(ok, jnp.where(off, 0.0, (z * z - 1.0) * inv), jnp.nan)
+            dscale = sum_to_shape(jnp.broadcast_to(ds, shape), sv.shape)
+        return value, (dx, dloc, dscale)
+
+    # Scalar sigma (the fitting case): the value and the scalar partials come from the sums
+    #   Z1 = sum z,  Z2 = sum z^2:   value = -Z2/2 - n log sigma,
+    #   d/dmu = Z1 / sigma (scalar mu),   d/dsigma = (Z2 - n) / sigma,
+    # reduced without selects in the pass that forms the value. Off-support x (+-inf) makes
+    # Z2 infinite: only then does a second, exact pass (lax.cond) mask those elements.
+    n = math.prod(shape)
+    s = sv.reshape(())
+    s_inv = 1.0 / s
+    _, z2 = _z_sum_squares(xv, lv, s, shape)
+    s_ok = jnp.all(_params_ok(lv, s)) if lv.size == 1 else _params_ok(0.0, s)
+    value = jnp.where(s_ok, -0.5 * z2 - n * jnp.log(s), jnp.nan)
+    if normalized:
+        value = value - _HALF_LOG_2PI * n
+    want_z1 = loc.perturbed and lv.size == 1 and not x.perturbed  # else dloc = sum of g
+    if not (want_z1 or scale.perturbed):
+        return value, (dx, dloc, dscale)
+    # Z1 is its own reduction over x - mu (a different expression from the value's
+    # x + (-mu), so XLA does not materialise a shared z array to feed both).
+    z1 = jnp.sum(jnp.broadcast_to(xv - lv, shape)) * s_inv if want_z1 else jnp.zeros_like(z2)
+
+    def in_support_sums(_):
+        o = jnp.broadcast_to(jnp.isinf(xv), shape)
+        zm = jnp.where(o, 0.0, jnp.broadcast_to((xv - lv) * s_inv, shape))
+        zm = jnp.where(jnp.broadcast_to(jnp.isfinite(lv), shape), zm, jnp.nan)
+        z1m = jnp.sum(zm) if want_z1 else z1
+        return jnp.sum(zm * zm), z1m, n - jnp.sum(o, dtype=z2.dtype)
+
+    fast = lambda _: (z2, z1, jnp.asarray(n, z2.dtype))  # noqa: E731
+    z2_in, z1_in, n_in = jax.lax.cond(jnp.isfinite(z2), fast, in_support_sums, None)
+    if want_z1:
+        dloc = jnp.where(s_ok, z1_in * s_inv, jnp.nan).reshape(lv.shape)
     if scale.perturbed:
-        z = jnp.where(off, 0.0, (xv - lv) * inv)
-        ds = jnp.where(ok, jnp.where(off, 0.0, (z * z - 1.0) * inv), jnp.nan)
-        dscale = sum_to_shape(jnp.broadcast_to(ds, shape), sv.shape)
+        dscale = jnp.where(s_ok, (z2_in - n_in) * s_inv, jnp.nan).reshape(sv.shape)
     return value, (dx, dloc, dscale)
 
 
