@@ -1,0 +1,532 @@
+"""Edge conventions: the value carries the verdict, nothing raises, gradients are exact.
+
+invalid parameters -> NaN; data outside the support -> -inf with a zero partial for that
+element; boundaries (rate 0) exact; empty inputs -> 0.0; EAM overflow -> +inf; float32
+without catastrophic cancellation and with an exact log k! for small k.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.special
+import scipy.stats
+
+import fusedlp
+from fusedlp.eam import SEED_DENSITY, SEED_EMBEDDING
+
+NAN, INF = float("nan"), float("inf")
+
+
+def value_and_grads(f, args, argnums):
+    """Value of the plain call, and value and gradients under value_and_grad."""
+    plain = f(*args)
+    vg_value, grads = jax.value_and_grad(f, argnums=argnums)(*args)
+    return plain, vg_value, tuple(np.asarray(g) for g in grads)
+
+
+def eam(r, amp=SEED_DENSITY[0], beta=SEED_DENSITY[1], coeffs=SEED_EMBEDDING, mask=None):
+    return fusedlp.eam_energy(r, density=(amp, beta), embedding=coeffs, mask=mask)
+
+
+# ================================================================================ normal
+
+X3 = np.array([0.3, -1.2, 2.0])
+
+
+@pytest.mark.parametrize(
+    "loc, scale",
+    [
+        (0.0, 0.0),
+        (0.0, -1.0),
+        (0.0, INF),
+        (0.0, -INF),
+        (0.0, NAN),
+        (INF, 1.0),
+        (-INF, 1.0),
+        (NAN, 1.0),
+    ],
+    ids=["scale0", "scale-neg", "scale+inf", "scale-inf", "scale-nan", "loc+inf", "loc-inf",
+         "loc-nan"],
+)
+@pytest.mark.parametrize("scale_is_array", [False, True], ids=["scalar-scale", "array-scale"])
+def test_normal_invalid_params_give_nan(loc, scale, scale_is_array):
+    scale = np.full(3, scale) if scale_is_array else scale
+    plain, vg, (dx, dloc, dscale) = value_and_grads(fusedlp.normal_lpdf, (X3, loc, scale),
+                                                    (0, 1, 2))
+    assert np.isnan(plain) and np.isnan(vg)
+    assert np.all(np.isnan(dloc)) and np.all(np.isnan(dscale)) and np.all(np.isnan(dx))
+
+
+@pytest.mark.parametrize("scale_is_array", [False, True], ids=["scalar-scale", "array-scale"])
+def test_normal_one_invalid_loc_element(scale_is_array):
+    """NaN value; the partials of the offending element are NaN, the others are exact."""
+    loc = np.array([0.0, INF, 0.0])
+    scale = np.ones(3) if scale_is_array else 1.0
+    plain, vg, (dx, dloc) = value_and_grads(fusedlp.normal_lpdf, (X3, loc, scale), (0, 1))
+    assert np.isnan(plain) and np.isnan(vg)
+    assert np.isnan(dloc[1]) and np.isnan(dx[1])
+    np.testing.assert_array_equal(dloc[[0, 2]], X3[[0, 2]])  # (x - 0) / 1**2
+    np.testing.assert_array_equal(dx[[0, 2]], -X3[[0, 2]])
+
+
+def test_normal_one_invalid_scale_element():
+    loc = np.zeros(3)
+    scale = np.array([1.0, 1.0, -2.0])
+    plain, vg, (dloc, dscale) = value_and_grads(fusedlp.normal_lpdf, (X3, loc, scale), (1, 2))
+    assert np.isnan(plain) and np.isnan(vg)
+    assert np.isnan(dloc[2]) and np.isnan(dscale[2])
+    np.testing.assert_array_equal(dloc[:2], X3[:2])
+    np.testing.assert_array_equal(dscale[:2], X3[:2] ** 2 - 1.0)
+
+
+@pytest.mark.parametrize("where", [0, 1, 2])
+def test_normal_nan_data_gives_nan(where):
+    x = X3.copy()
+    x[where] = NAN
+    plain, vg, (dloc,) = value_and_grads(fusedlp.normal_lpdf, (x, 0.0, 1.0), (1,))
+    assert np.isnan(plain) and np.isnan(vg) and np.isnan(dloc)
+
+
+@pytest.mark.parametrize("scale", [1.5, np.array([1.5, 1.5, 1.5])], ids=["scalar", "array"])
+def test_normal_nan_wins_over_infinite_data(scale):
+    """NaN anywhere -> NaN, even if another element is outside the support (-inf)."""
+    x = np.array([NAN, INF, 0.5])
+    plain, vg, _ = value_and_grads(fusedlp.normal_lpdf, (x, 0.0, scale), (1, 2))
+    assert np.isnan(plain), plain
+    assert np.isnan(vg), f"value_and_grad value is {vg}, the plain call gives {plain}"
+
+
+@pytest.mark.parametrize("bad", [INF, -INF])
+@pytest.mark.parametrize("scale_is_array", [False, True], ids=["scalar-scale", "array-scale"])
+def test_normal_infinite_data_is_outside_support(bad, scale_is_array, tol):
+    x = np.array([0.3, bad, -1.1])
+    loc = np.array([0.1, 0.2, 0.3])
+    scale = np.full(3, 2.0) if scale_is_array else 2.0
+    plain, vg, (dx, dloc, dscale) = value_and_grads(fusedlp.normal_lpdf, (x, loc, scale),
+                                                    (0, 1, 2))
+    assert plain == -INF and vg == -INF
+    # element 1 contributes nothing to any partial
+    assert dx[1] == 0.0 and dloc[1] == 0.0
+    keep = np.array([0, 2])
+    ok_scale = scale[keep] if scale_is_array else scale
+    ref_dx, ref_dloc, ref_dscale = jax.grad(fusedlp.normal_lpdf, argnums=(0, 1, 2))(
+        x[keep], loc[keep], ok_scale
+    )
+    np.testing.assert_array_equal(dx[keep], ref_dx)
+    np.testing.assert_array_equal(dloc[keep], ref_dloc)
+    if scale_is_array:
+        assert dscale[1] == 0.0, f"d/dscale of the out-of-support element is {dscale[1]}"
+        np.testing.assert_allclose(dscale[keep], ref_dscale, rtol=tol(np.float64)["grad"])
+    else:
+        np.testing.assert_allclose(
+            dscale, ref_dscale, rtol=tol(np.float64)["grad"],
+            err_msg="the out-of-support element must not contribute to d/dscale",
+        )
+
+
+@pytest.mark.parametrize(
+    "xs, ls, ss",
+    [((0,), (), ()), ((0,), (0,), (0,)), ((0, 3), (3,), ()), ((2, 0), (2, 1), (1, 0)),
+     ((0,), (1,), (1,))],
+)
+def test_normal_empty_inputs(xs, ls, ss):
+    args = (np.zeros(xs), np.zeros(ls), np.ones(ss))
+    plain, vg, grads = value_and_grads(fusedlp.normal_lpdf, args, (0, 1, 2))
+    assert plain == 0.0 and vg == 0.0
+    for a, g in zip(args, grads):
+        assert g.shape == a.shape and g.dtype == a.dtype
+        np.testing.assert_array_equal(g, np.zeros_like(a))
+
+
+def test_normal_unnormalized_drops_the_constant(rng, tol):
+    x = rng.normal(size=(3, 4))
+    loc, scale = rng.normal(size=4), rng.uniform(0.5, 2.0, size=(3, 1))
+    full = fusedlp.normal_lpdf(x, loc, scale)
+    prop = fusedlp.normal_lpdf(x, loc, scale, normalized=False)
+    np.testing.assert_allclose(full - prop, -12 * 0.5 * math.log(2 * math.pi),
+                               rtol=tol(np.float64)["value"])
+    g_full = jax.grad(fusedlp.normal_lpdf, argnums=(0, 1, 2))(x, loc, scale)
+    g_prop = jax.grad(lambda *a: fusedlp.normal_lpdf(*a, normalized=False), argnums=(0, 1, 2))(
+        x, loc, scale
+    )
+    for a, b in zip(g_full, g_prop):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("base", [1e4, -3e5, 1e6])
+@pytest.mark.parametrize("scale_is_array", [False, True], ids=["scalar-scale", "array-scale"])
+def test_normal_float32_large_loc_no_cancellation(base, scale_is_array, tol):
+    t = tol(np.float32)
+    ulp = abs(np.spacing(np.float32(base)))  # offsets that survive rounding to float32
+    x = (np.float32(base) + np.array([1.0, -2.0, 4.0, 12.0], np.float32) * ulp).astype(np.float32)
+    loc = np.float32(base)
+    s = np.float32(4 * ulp)  # z = 0.25, -0.5, 1, 3: an expanded square would lose everything
+    scale = np.full(4, s, np.float32) if scale_is_array else s
+    x64, loc64, scale64 = (np.asarray(a, np.float64) for a in (x, loc, scale))
+    z = (x64 - loc64) / scale64
+    assert np.all(np.abs(z) > 1e-2) and np.all(z != 0)  # the data really probes the difference
+    value, (dx, dloc, dscale) = jax.value_and_grad(fusedlp.normal_lpdf, argnums=(0, 1, 2))(
+        x, loc, scale
+    )
+    assert value.dtype == dx.dtype == dloc.dtype == dscale.dtype == np.float32
+    ref = scipy.stats.norm.logpdf(x64, loc64, scale64).sum()
+    np.testing.assert_allclose(value, ref, rtol=t["value"])
+    np.testing.assert_allclose(fusedlp.normal_lpdf(x, loc, scale), ref, rtol=t["value"])
+    np.testing.assert_allclose(dx, -z / scale64, rtol=t["grad"])
+    np.testing.assert_allclose(dloc, np.sum(z / scale64), rtol=t["grad"])
+    ref_dscale = (z * z - 1) / scale64
+    np.testing.assert_allclose(dscale, ref_dscale if scale_is_array else ref_dscale.sum(),
+                               rtol=t["grad"])
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_normal_large_z(dtype, tol):
+    t = tol(dtype)
+    x = np.array([1e3, -2e3, 5.0], dtype)
+    loc, scale = dtype(1.0), dtype(1e-2)
+    x64, loc64, scale64 = (np.asarray(a, np.float64) for a in (x, loc, scale))
+    z = (x64 - loc64) / scale64
+    value, (dloc, dscale) = jax.value_and_grad(fusedlp.normal_lpdf, argnums=(1, 2))(x, loc, scale)
+    np.testing.assert_allclose(value, scipy.stats.norm.logpdf(x64, loc64, scale64).sum(),
+                               rtol=t["value"])
+    np.testing.assert_allclose(fusedlp.normal_lpdf(x, loc, scale), value, rtol=t["value"])
+    np.testing.assert_allclose(dloc, np.sum(z / scale64), rtol=t["grad"])
+    np.testing.assert_allclose(dscale, np.sum((z * z - 1) / scale64), rtol=t["grad"])
+
+
+EXTREME_SCALES = [
+    (np.float64, 1e-150), (np.float64, 1e150), (np.float64, 1e-200), (np.float64, 1e200),
+    (np.float32, 1e-15), (np.float32, 1e15), (np.float32, 1e-20), (np.float32, 1e20),
+]
+
+
+@pytest.mark.parametrize("dtype, s", EXTREME_SCALES,
+                         ids=[f"{np.dtype(d).name}-{s:g}" for d, s in EXTREME_SCALES])
+@pytest.mark.parametrize("scale_is_array", [False, True], ids=["scalar-scale", "array-scale"])
+def test_normal_extreme_but_valid_scale(dtype, s, scale_is_array, tol):
+    """Any finite positive scale is valid; z is O(1) here, so nothing should overflow."""
+    t = tol(dtype)
+    x = (np.array([0.0, 1.0, -2.0]) * s).astype(dtype)
+    scale = np.full(3, s, dtype) if scale_is_array else dtype(s)
+    x64, scale64 = np.asarray(x, np.float64), np.asarray(scale, np.float64)
+    z = x64 / scale64
+    ref = scipy.stats.norm.logpdf(x64, 0.0, scale64).sum()
+    plain, vg, (dx, dscale) = value_and_grads(fusedlp.normal_lpdf, (x, dtype(0.0), scale), (0, 2))
+    np.testing.assert_allclose(plain, ref, rtol=t["value"], err_msg="plain value")
+    np.testing.assert_allclose(vg, ref, rtol=t["value"], err_msg="value_and_grad value")
+    np.testing.assert_allclose(dx, -z / scale64, rtol=t["grad"], err_msg="d/dx")
+    ref_ds = (z * z - 1) / scale64
+    np.testing.assert_allclose(dscale, ref_ds if scale_is_array else ref_ds.sum(),
+                               rtol=t["grad"], err_msg="d/dscale")
+
+
+# =============================================================================== poisson
+
+POISSONS = {
+    "rate": (fusedlp.poisson_lpmf, lambda rate: rate),
+    "log_rate": (fusedlp.poisson_log_lpmf, lambda rate: np.log(rate)),
+}
+poisson_forms = pytest.mark.parametrize("form", list(POISSONS))
+
+
+normalized_both = pytest.mark.parametrize("normalized", [True, False],
+                                          ids=["normalized", "propto"])
+kinds_both = pytest.mark.parametrize("kfloat", [False, True], ids=["int-k", "float-k"])
+
+
+def _poisson(form, normalized):
+    f, to_param = POISSONS[form]
+    return (lambda k, p: f(k, p, normalized=normalized)), to_param
+
+
+def _counts(values, kfloat):
+    return np.asarray(values, np.float64 if kfloat else np.int64)
+
+
+INVALID_PARAMS = [("rate", -1.0), ("rate", -1e-300), ("rate", INF), ("rate", NAN),
+                  ("log_rate", INF), ("log_rate", NAN)]  # every log-rate < +inf is valid
+
+
+@pytest.mark.parametrize("form, bad", INVALID_PARAMS,
+                         ids=[f"{f}={b}" for f, b in INVALID_PARAMS])
+@normalized_both
+@kinds_both
+def test_poisson_invalid_rate_gives_nan(form, bad, normalized, kfloat):
+    f, _ = _poisson(form, normalized)
+    good = {"rate": (2.0, 0.5), "log_rate": (0.7, -0.7)}[form]
+    param = np.array([good[0], bad, good[1]])
+    for counts in ([1, 3, 0], [1, 0, 2]):  # the bad element with k > 0 and with k = 0
+        k = _counts(counts, kfloat)
+        plain, vg, (d,) = value_and_grads(f, (k, param), (1,))
+        assert np.isnan(plain) and np.isnan(vg)
+        assert np.isnan(d[1])
+        # the other partials are the plain ones
+        ref = jax.grad(f, argnums=1)(k[[0, 2]], param[[0, 2]])
+        np.testing.assert_array_equal(d[[0, 2]], ref)
+        # a scalar invalid parameter poisons everything
+        plain, vg, (d,) = value_and_grads(f, (k, param[1]), (1,))
+        assert np.isnan(plain) and np.isnan(vg) and np.isnan(d)
+
+
+@poisson_forms
+@normalized_both
+def test_poisson_nan_count_gives_nan(form, normalized):
+    f, to_param = _poisson(form, normalized)
+    k = np.array([1.0, NAN, 2.0])
+    plain, vg, (d,) = value_and_grads(f, (k, to_param(np.array([1.0, 2.0, 3.0]))), (1,))
+    assert np.isnan(plain) and np.isnan(vg) and np.isnan(d[1])
+
+
+@poisson_forms
+@normalized_both
+@pytest.mark.parametrize("bad_k", [-1.0, -3.0, 1.5, 0.25, INF, -INF, -1, -3, -1000])
+def test_poisson_count_outside_support(form, normalized, bad_k, tol):
+    f, to_param = _poisson(form, normalized)
+    kfloat = isinstance(bad_k, float)
+    k = np.array([2, bad_k, 0], np.float64 if kfloat else np.int64)
+    param = to_param(np.array([1.5, 2.5, 0.7]))
+    argnums = (0, 1) if kfloat else (1,)
+    plain, vg, grads = value_and_grads(f, (k, param), argnums)
+    dparam = grads[-1]
+    assert plain == -INF and vg == -INF
+    assert dparam[1] == 0.0
+    if kfloat:
+        np.testing.assert_array_equal(grads[0], np.zeros(3))  # k is data
+    ref = jax.grad(f, argnums=1)(k[[0, 2]], param[[0, 2]])
+    np.testing.assert_array_equal(dparam[[0, 2]], ref)
+    # with a shared (scalar) parameter the element contributes nothing to the sum either
+    _, (dscalar,) = jax.value_and_grad(f, argnums=(1,))(k, param[1])
+    np.testing.assert_allclose(dscalar, jax.grad(f, argnums=1)(k[[0, 2]], param[1]),
+                               rtol=tol(np.float64)["grad"])
+
+
+@normalized_both
+@kinds_both
+def test_poisson_rate_zero_boundary(normalized, kfloat):
+    f, _ = _poisson("rate", normalized)
+    zeros = _counts(np.zeros(4), kfloat)
+    # k = 0: exactly 0 with d/drate = -1
+    value, d = jax.value_and_grad(f, argnums=1)(zeros[0], 0.0)
+    assert value == 0.0 and d == -1.0
+    plain, value, (d,) = value_and_grads(f, (zeros, np.zeros(4)), (1,))
+    assert plain == 0.0 and value == 0.0
+    np.testing.assert_array_equal(d, -np.ones(4))
+    plain, value, (d,) = value_and_grads(f, (zeros, 0.0), (1,))
+    assert plain == 0.0 and value == 0.0 and d == -4.0
+    # k > 0 at rate 0: impossible, -inf (derivative k / 0 - 1 = +inf, not NaN)
+    for k in (1, 5, 1000):
+        plain, vg, (d,) = value_and_grads(f, (_counts(k, kfloat), 0.0), (1,))
+        assert plain == -INF and vg == -INF
+        assert d == INF
+    # mixed
+    plain, value, (d,) = value_and_grads(f, (_counts([0, 2], kfloat), np.array([0.0, 0.0])),
+                                         (1,))
+    assert plain == -INF and value == -INF
+    np.testing.assert_array_equal(d, [-1.0, INF])
+
+
+@normalized_both
+@kinds_both
+def test_poisson_log_rate_minus_inf_boundary(normalized, kfloat):
+    f, _ = _poisson("log_rate", normalized)
+    plain, vg, (d,) = value_and_grads(f, (_counts(0, kfloat), -INF), (1,))
+    assert plain == 0.0 and vg == 0.0
+    assert d == 0.0  # k - exp(eta) = 0 - 0
+    plain, vg, (d,) = value_and_grads(f, (_counts([0, 0, 3], kfloat),
+                                          np.array([-INF, 0.0, -INF])), (1,))
+    assert plain == -INF and vg == -INF
+    np.testing.assert_array_equal(d[:2], [0.0, -1.0])
+    assert not np.isnan(d[2])
+    plain, vg, (d,) = value_and_grads(f, (_counts(np.zeros(3), kfloat), -INF), (1,))
+    assert plain == 0.0 and vg == 0.0 and d == 0.0
+
+
+@poisson_forms
+@normalized_both
+@pytest.mark.parametrize("ks, ps", [((0,), ()), ((0,), (0,)), ((0, 3), (3,)), ((), (0,)),
+                                    ((2, 0), (1, 0))])
+def test_poisson_empty_inputs(form, normalized, ks, ps):
+    f, _ = _poisson(form, normalized)
+    k, param = np.zeros(ks, int), np.ones(ps)
+    plain, vg, (d,) = value_and_grads(f, (k, param), (1,))
+    assert plain == 0.0 and vg == 0.0
+    assert d.shape == param.shape and d.dtype == param.dtype
+    np.testing.assert_array_equal(d, np.zeros(ps))
+
+
+@poisson_forms
+@kinds_both
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_poisson_unnormalized_drops_log_factorial(form, kfloat, dtype, tol):
+    """normalized=False is scipy's log-mass plus log k!, with the same gradient."""
+    t = tol(dtype)
+    f, to_param = POISSONS[form]
+    k = np.array([[0, 1, 5], [20, 150, 1000]], np.float32 if kfloat else np.int32)
+    param = np.asarray(to_param(np.array([0.5, 3.0, 200.0])), dtype)
+    k64 = k.astype(np.float64)
+    rate64 = np.asarray(param, np.float64)
+    rate64 = np.exp(rate64) if form == "log_rate" else rate64
+    mag = np.abs(scipy.special.xlogy(k64, rate64)) + rate64
+    want = (scipy.stats.poisson.logpmf(k64, rate64) + scipy.special.gammaln(k64 + 1.0)).sum()
+    prop_f = lambda k, p: f(k, p, normalized=False)  # noqa: E731
+    plain, vg, (g_prop,) = value_and_grads(prop_f, (k, param), (1,))
+    assert plain.dtype == vg.dtype == g_prop.dtype == dtype
+    np.testing.assert_allclose(plain, want, rtol=t["value"], atol=t["value"] * mag.sum())
+    np.testing.assert_allclose(vg, want, rtol=t["value"], atol=t["value"] * mag.sum())
+    g_full = jax.grad(f, argnums=1)(k, param)
+    np.testing.assert_array_equal(g_full, g_prop)
+
+
+@poisson_forms
+def test_poisson_float32_log_factorial_exact_for_small_k(form):
+    """rate 1 (log-rate 0): k log 1 - 1 = -1 exactly, so the value is -1 - log k! in float32."""
+    f, to_param = POISSONS[form]
+    one = np.float32(to_param(1.0))
+    v = f(0, one)
+    assert v.dtype == np.float32 and v == np.float32(-1.0)
+    for k in range(0, 21):
+        want = np.float32(-1.0) - np.float32(math.lgamma(k + 1.0))
+        got = f(k, one)
+        assert got.dtype == np.float32
+        assert got == want, (k, float(got), float(want))
+        got_f = f(np.float32(k), one)  # float32 counts take the same path
+        assert got_f == want, (k, float(got_f), float(want))
+
+
+@poisson_forms
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_poisson_counts_around_and_beyond_the_table(form, dtype, tol):
+    f, to_param = POISSONS[form]
+    k = np.array([30, 31, 32, 33, 126, 127, 128, 129, 150, 1000, 10_000, 123_456])
+    rate = np.array([25.0, 1.0, 40.0, 33.0, 100.0, 130.0, 128.0, 1.0, 1e-3, 1e3, 9_000.0,
+                     1.2e5])
+    param = np.asarray(to_param(rate), dtype)
+    rate64 = np.exp(np.asarray(param, np.float64)) if form == "log_rate" else np.asarray(
+        param, np.float64)
+    terms = scipy.stats.poisson.logpmf(k, rate64)
+    mag = (np.abs(scipy.special.xlogy(k, rate64)) + rate64 + scipy.special.gammaln(k + 1.0))
+    got = f(k, param)
+    assert got.dtype == dtype
+    np.testing.assert_allclose(got, terms.sum(), rtol=tol(dtype)["value"],
+                               atol=tol(dtype)["value"] * mag.sum())
+    # elementwise too, so that no single count is off
+    for i in range(len(k)):
+        np.testing.assert_allclose(f(k[i], param[i]), terms[i], rtol=tol(dtype)["value"],
+                                   atol=tol(dtype)["value"] * mag[i], err_msg=f"k={k[i]}")
+
+
+@poisson_forms
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_poisson_log_factorial_sweep(form, dtype, tol):
+    """At rate 1 (log-rate 0) the value is -1 - log k!: every k, whatever the method."""
+    f, to_param = POISSONS[form]
+    big = [1000, 4999, 5000, 65_536, 1_000_000] + ([1e9, 1e12] if dtype == np.float64 else [])
+    k = np.concatenate([np.arange(0, 300), big]).astype(dtype)
+    got = np.asarray(jax.vmap(lambda k: f(k, dtype(to_param(1.0))))(k))
+    assert got.dtype == dtype
+    ref = -1.0 - scipy.special.gammaln(np.asarray(k, np.float64) + 1.0)
+    np.testing.assert_allclose(got, ref, rtol=tol(dtype)["value"])
+
+
+@poisson_forms
+@pytest.mark.parametrize("kdtype", [np.int32, np.int64, np.uint8])
+def test_poisson_integer_counts(form, kdtype):
+    """Integer k: the result takes the parameter's float dtype; no cotangent, no error."""
+    f, to_param = POISSONS[form]
+    k = np.array([0, 3, 7], kdtype)
+    param = np.asarray(to_param(np.array([0.5, 2.0, 6.0])), np.float32)
+    v, d = jax.value_and_grad(f, argnums=1)(k, param)
+    assert v.dtype == np.float32 and d.dtype == np.float32 and d.shape == (3,)
+    assert f(k, param.astype(np.float64)).dtype == np.float64
+    assert f(3, np.float32(param[1])).dtype == np.float32  # python int
+    # the cotangent of an integer k is a float0 zero (no cotangent at all)
+    _, vjp = jax.vjp(f, k, param)
+    ck, cp = vjp(jnp.ones((), np.float32))
+    assert ck.dtype == jax.dtypes.float0 and ck.shape == k.shape
+    np.testing.assert_array_equal(cp, d)
+
+
+@poisson_forms
+def test_poisson_float_counts_get_zero_cotangent(form):
+    f, to_param = POISSONS[form]
+    k = np.array([0.0, 3.0, 7.0])
+    param = to_param(np.array([0.5, 2.0, 6.0]))
+    dk, _ = jax.grad(f, argnums=(0, 1))(k, param)
+    assert dk.dtype == k.dtype
+    np.testing.assert_array_equal(dk, np.zeros(3))
+    dk32 = jax.grad(f, argnums=0)(k.astype(np.float32), param)
+    assert dk32.dtype == np.float32
+    np.testing.assert_array_equal(dk32, np.zeros(3))
+
+
+# =================================================================================== EAM
+
+
+@pytest.mark.parametrize(
+    "amp, beta, coeffs",
+    [
+        (0.0, 3.0, SEED_EMBEDDING),
+        (-0.1, 3.0, SEED_EMBEDDING),
+        (INF, 3.0, SEED_EMBEDDING),
+        (NAN, 3.0, SEED_EMBEDDING),
+        (0.05, 0.0, SEED_EMBEDDING),
+        (0.05, -2.0, SEED_EMBEDDING),
+        (0.05, INF, SEED_EMBEDDING),
+        (0.05, NAN, SEED_EMBEDDING),
+        (0.05, 3.0, (0.0, 1.0, INF, 0.25)),
+        (0.05, 3.0, (0.0, -INF, 1.0, 0.25)),
+        (0.05, 3.0, (NAN, 1.0, 1.0, 0.25)),
+    ],
+    ids=["A0", "A-neg", "A-inf", "A-nan", "beta0", "beta-neg", "beta-inf", "beta-nan",
+         "c-inf", "c-minus-inf", "c-nan"],
+)
+def test_eam_invalid_params_give_nan(amp, beta, coeffs):
+    r = np.array([[0.2, 1.0, 1.5], [0.7, 0.1, 2.0]])
+    coeffs = np.array(coeffs)
+    plain, vg, grads = value_and_grads(eam, (r, amp, beta, coeffs), (0, 1, 2, 3))
+    assert np.isnan(plain) and np.isnan(vg)
+    for g in grads:
+        assert np.all(np.isnan(g))
+
+
+def test_eam_nan_distance_gives_nan():
+    r = np.array([[0.2, NAN, 1.5], [0.7, 0.1, 2.0]])
+    plain, vg, _ = value_and_grads(eam, (r,), (0,))
+    assert np.isnan(plain) and np.isnan(vg)
+
+
+@pytest.mark.parametrize("dtype, very_negative", [(np.float64, -1000.0), (np.float32, -100.0),
+                                                  (np.float64, -1e300)])
+def test_eam_overflow_is_plus_inf_not_nan(dtype, very_negative, tol):
+    r = np.array([[very_negative, 1.0, 0.5], [0.3, 0.9, 1.2]], dtype)
+    plain, vg, grads = value_and_grads(
+        eam, (r, dtype(SEED_DENSITY[0]), dtype(SEED_DENSITY[1]), np.asarray(SEED_EMBEDDING, dtype)),
+        (0, 1, 2, 3),
+    )
+    assert plain == INF and vg == INF
+    assert plain.dtype == dtype
+    for g in grads:
+        assert not np.any(np.isnan(g))
+    # the other site is untouched
+    dr = grads[0]
+    np.testing.assert_allclose(dr[1], jax.grad(eam)(r[1:])[0], rtol=tol(dtype)["grad"])
+    # p that overflows only in F (not in exp) is +inf too
+    assert eam(np.array([-200.0, -200.0])) == INF
+
+
+@pytest.mark.parametrize("shape", [(0,), (0, 4), (3, 0), (2, 0, 5)])
+def test_eam_empty_inputs(shape):
+    r = np.zeros(shape)
+    coeffs = np.array(SEED_EMBEDDING)
+    amp, beta = np.float64(SEED_DENSITY[0]), np.float64(SEED_DENSITY[1])
+    plain, vg, (dr, da, db, dc) = value_and_grads(eam, (r, amp, beta, coeffs), (0, 1, 2, 3))
+    assert plain == 0.0 and vg == 0.0
+    assert dr.shape == shape and dr.dtype == np.float64
+    assert da.shape == () and db.shape == () and dc.shape == (4,)
+    assert da == 0.0 and db == 0.0
+    np.testing.assert_array_equal(dc, np.zeros(4))
