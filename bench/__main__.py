@@ -2,6 +2,7 @@
 
 Subcommands:
   kernels   fused kernels vs jax autodiff vs hand-written numba loops (the default)
+  fit       per-step cost of fusedlp.fit's compiled loop vs a Python loop and one v&g call
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from bench import kernels
+    from bench import fit, kernels
 
     parser = argparse.ArgumentParser(
         prog="python -m bench",
@@ -25,6 +26,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     kernels.add_arguments(p)
     p.set_defaults(run=kernels.main)
+    p = sub.add_parser(
+        "fit",
+        help="per-step cost of fusedlp.fit at N = 100 and 1e6 vs a Python loop, one v&g "
+             "call and a numba v&g loop",
+        description=(fit.__doc__ or "").strip().splitlines()[0],
+    )
+    fit.add_arguments(p)
+    p.set_defaults(run=fit.main)
     return parser
 
 
@@ -32,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
-        argv = ["kernels", *argv]  # no subcommand: `kernels` (the only one, for now)
+        argv = ["kernels", *argv]  # no subcommand: `kernels`
     args = parser.parse_args(argv)
     return args.run(args)
 

@@ -8,6 +8,10 @@ from fusedlp._checks import enable_validation as enable_validation
 from fusedlp._checks import validation as validation
 from fusedlp._hessian import hessian as hessian
 from fusedlp.eam import eam_energy as eam_energy
+from fusedlp.fitting import FitResult as FitResult
+from fusedlp.fitting import FitStatus as FitStatus
+from fusedlp.fitting import fit as fit
+from fusedlp.fitting import standard_errors as standard_errors
 from fusedlp.normal import normal_lpdf as normal_lpdf
 from fusedlp.poisson import poisson_log_lpmf as poisson_log_lpmf
 from fusedlp.poisson import poisson_lpmf as poisson_lpmf
@@ -15,11 +19,15 @@ from fusedlp.poisson import poisson_lpmf as poisson_lpmf
 __version__ = "0.1.0"
 
 __all__ = (
+    "FitResult",
+    "FitStatus",
     "eam_energy",
     "enable_validation",
+    "fit",
     "hessian",
     "normal_lpdf",
     "poisson_log_lpmf",
     "poisson_lpmf",
+    "standard_errors",
     "validation",
 )

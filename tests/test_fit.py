@@ -1,0 +1,381 @@
+"""fusedlp.fit and fusedlp.standard_errors: closed forms, statsmodels, lstsq, EAM, edges, jit/vmap.
+
+x64 is on (conftest.py). Fits take the default optimizer (L-BFGS) unless a test is about
+another one. Every distinct (objective, optimizer, max_steps, shapes) compiles one loop, about
+a second: the objectives are module-level functions and the normal data have one shape, N,
+so that tests share compilations.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import fusedlp
+from fusedlp import FitResult, FitStatus
+
+N = 100  # observations in every normal data set
+
+# ============================================================== objectives (shared)
+
+
+def poisson_rate_loglik(params, k):
+    return fusedlp.poisson_lpmf(k, params["rate"])
+
+
+def normal_loglik(params, y):
+    return fusedlp.normal_lpdf(y, params["loc"], params["scale"])
+
+
+def normal_log_scale_loglik(params, y):
+    return fusedlp.normal_lpdf(y, params["loc"], jnp.exp(params["log_scale"]))
+
+
+def poisson_regression_loglik(params, X, k):
+    return fusedlp.poisson_log_lpmf(k, X @ params["beta"])
+
+
+def linear_regression_loglik(params, X, y):
+    return fusedlp.normal_lpdf(y, X @ params["beta"], jnp.exp(params["log_scale"]))
+
+
+def eam_energies(theta, r):
+    """Energies of configurations r[c] (sites x neighbours) with rho(r) = A exp(-beta r)."""
+    density = (jnp.exp(theta["log_A"]), jnp.exp(theta["log_beta"]))
+    return jax.vmap(lambda rc: fusedlp.eam_energy(rc, density=density))(r)
+
+
+def eam_sum_of_squares(theta, r, e_ref):
+    return jnp.sum((eam_energies(theta, r) - e_ref) ** 2)
+
+
+def leaves_close(got, want, rtol, atol=0.0):
+    chex.assert_trees_all_equal_structs(got, want)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=rtol, atol=atol)
+
+
+# ====================================================================== closed forms
+
+
+def test_poisson_rate_mle_is_the_sample_mean_with_closed_form_se(rng):
+    k = rng.poisson(3.2, size=400)
+    res = fusedlp.fit(poisson_rate_loglik, {"rate": 1.0}, k)
+    assert isinstance(res, FitResult)
+    assert bool(res.converged) and int(res.status) == FitStatus.CONVERGED
+    lam = k.mean()
+    np.testing.assert_allclose(res.params["rate"], lam, rtol=1e-8)
+    np.testing.assert_allclose(res.value, poisson_rate_loglik(res.params, k), rtol=1e-14)
+    se = fusedlp.standard_errors(poisson_rate_loglik, res.params, k)
+    np.testing.assert_allclose(se["rate"], math.sqrt(lam / k.size), rtol=1e-6)
+
+
+def test_normal_mle_is_mean_and_population_sd_with_closed_form_se(rng):
+    y = rng.normal(1.5, 2.0, size=N)
+    res = fusedlp.fit(normal_loglik, {"loc": 0.0, "scale": 1.0}, y)
+    assert bool(res.converged)
+    mu, sd, n = y.mean(), y.std(ddof=0), y.size
+    np.testing.assert_allclose(res.params["loc"], mu, rtol=1e-8)
+    np.testing.assert_allclose(res.params["scale"], sd, rtol=1e-8)
+    se = fusedlp.standard_errors(normal_loglik, res.params, y)
+    np.testing.assert_allclose(se["loc"], sd / math.sqrt(n), rtol=1e-6)
+    np.testing.assert_allclose(se["scale"], sd / math.sqrt(2 * n), rtol=1e-6)
+
+
+# ============================================================== statsmodels / lstsq
+
+
+def cpunish():
+    """statsmodels' capital-punishment counts (17 US states), as in its GLM example:
+    log of violent crime; income in thousands of dollars (better scaled for L-BFGS)."""
+    sm = pytest.importorskip("statsmodels.api")
+    data = sm.datasets.cpunish.load()
+    exog = data.exog.copy()
+    exog["INCOME"] = exog["INCOME"] / 1000.0
+    exog["VC100k96"] = np.log(exog["VC100k96"])
+    X = sm.add_constant(exog, prepend=True).to_numpy(np.float64)
+    return sm, X, data.endog.to_numpy(np.float64)
+
+
+def test_poisson_regression_matches_statsmodels_glm():
+    sm, X, k = cpunish()
+    ref = sm.GLM(k, X, family=sm.families.Poisson()).fit(tol=1e-14)
+    res = fusedlp.fit(poisson_regression_loglik, {"beta": np.zeros(X.shape[1])}, X, k)
+    assert bool(res.converged), FitStatus(int(res.status)).name
+    assert int(res.num_steps) < 200
+    np.testing.assert_allclose(res.params["beta"], ref.params, rtol=1e-6)
+    np.testing.assert_allclose(res.value, ref.llf, rtol=1e-12)
+    se = fusedlp.standard_errors(poisson_regression_loglik, res.params, X, k)
+    np.testing.assert_allclose(se["beta"], ref.bse, rtol=1e-4)
+
+
+def test_normal_linear_regression_matches_lstsq(rng):
+    n, p = 250, 4
+    X = np.column_stack([np.ones(n), rng.normal(size=(n, p - 1))])
+    y = X @ np.array([1.0, -2.0, 0.5, 3.0]) + rng.normal(0.0, 0.7, size=n)
+    beta, rss, *_ = np.linalg.lstsq(X, y, rcond=None)
+    init = {"beta": np.zeros(p), "log_scale": 0.0}
+    res = fusedlp.fit(linear_regression_loglik, init, X, y)
+    assert bool(res.converged)
+    np.testing.assert_allclose(res.params["beta"], beta, rtol=1e-7)
+    np.testing.assert_allclose(np.exp(2 * res.params["log_scale"]), rss[0] / n, rtol=1e-7)
+    # the classical (X^T X)^-1 sigma^2 standard errors, sigma^2 the MLE RSS / n
+    se = fusedlp.standard_errors(linear_regression_loglik, res.params, X, y)
+    want = np.sqrt(np.diag(np.linalg.inv(X.T @ X)) * rss[0] / n)
+    np.testing.assert_allclose(se["beta"], want, rtol=1e-6)
+
+
+# =============================================================================== EAM
+
+
+def test_eam_recovers_density_parameters_from_energies(rng):
+    true = {"log_A": np.log(0.8), "log_beta": np.log(1.5)}
+    r = rng.uniform(0.5, 2.5, size=(12, 4, 8))  # 12 configurations x 4 sites x 8 neighbours
+    e_ref = eam_energies(true, r)
+    start = {"log_A": true["log_A"] + 0.4, "log_beta": true["log_beta"] - 0.3}
+    res = fusedlp.fit(eam_sum_of_squares, start, r, e_ref, maximize=False)
+    assert bool(res.converged), FitStatus(int(res.status)).name
+    leaves_close(res.params, true, rtol=1e-6, atol=1e-8)
+    assert float(res.value) >= 0.0 and float(res.value) < 1e-12  # unnegated: the minimum
+    assert float(res.history[0]) > float(res.value)
+
+
+# ============================================================================= edges
+
+
+def test_divergent_learning_rate_ends_diverged_with_finite_params(rng):
+    y = rng.normal(1.0, 1.0, size=N)
+    # the first step sends scale far below zero: the objective is NaN there
+    res = fusedlp.fit(normal_loglik, {"loc": 0.0, "scale": 3.0}, y,
+                      optimizer=optax.sgd(1e3), max_steps=100)
+    assert int(res.status) == FitStatus.DIVERGED
+    assert not bool(res.converged)
+    for leaf in (*jax.tree.leaves(res.params), res.value, res.grad_norm):
+        assert np.isfinite(leaf)
+    np.testing.assert_allclose(res.value, normal_loglik(res.params, y), rtol=1e-14)
+    steps = int(res.num_steps)
+    assert np.all(np.isfinite(res.history[: steps + 1]))
+    assert np.all(np.isnan(res.history[steps + 1:]))
+
+
+def test_non_finite_start_is_diverged_at_step_zero(rng):
+    res = fusedlp.fit(normal_loglik, {"loc": 0.0, "scale": -1.0}, rng.normal(size=N))
+    assert int(res.status) == FitStatus.DIVERGED and int(res.num_steps) == 0
+    assert not bool(res.converged) and float(res.params["scale"]) == -1.0
+    assert np.all(np.isnan(res.history))  # history[0]: the (NaN) objective at init_params
+
+
+@pytest.mark.parametrize("which, bad", [(0, np.nan), (0, np.inf), (1, -np.inf)])
+def test_non_finite_data_raise_naming_the_argument(which, bad):
+    X, y = np.ones((5, 2)), np.ones(5)
+    args = [X, y]
+    args[which] = args[which].copy()
+    args[which].flat[3] = bad
+    with pytest.raises(ValueError, match=rf"data\[{which}\].*finite"):
+        fusedlp.fit(linear_regression_loglik, {"beta": np.zeros(2), "log_scale": 0.0}, *args)
+
+
+def test_empty_data_and_non_finite_init_raise(rng):
+    with pytest.raises(ValueError, match=r"data\[0\] is empty"):
+        fusedlp.fit(normal_loglik, {"loc": 0.0, "scale": 1.0}, np.ones(0))
+    with pytest.raises(ValueError, match=r"init_params\['loc'\]"):
+        fusedlp.fit(normal_loglik, {"loc": np.nan, "scale": 1.0}, np.ones(3))
+    with pytest.raises(ValueError, match=r"data\[0\]\['y'\]"):  # pytree data: the path
+        fusedlp.fit(lambda p, d: normal_loglik(p, d["y"]), {"loc": 0.0, "scale": 1.0},
+                    {"y": np.array([1.0, np.nan])})
+    y = rng.normal(size=N)
+    y[7] = np.nan
+    res = fusedlp.fit(normal_loglik, {"loc": 0.0, "scale": 1.0}, y, validate=False)
+    assert int(res.status) == FitStatus.DIVERGED and int(res.num_steps) == 0
+
+
+def test_single_observation_scale_is_not_reported_converged():
+    # one observation: the likelihood grows without bound as log_scale -> -inf, with a
+    # constant gradient -1 in log_scale (L-BFGS ends STALLED near log_scale = -37)
+    init = {"loc": 0.0, "log_scale": 0.0}
+    res = fusedlp.fit(normal_log_scale_loglik, init, np.array([1.3]))
+    assert not bool(res.converged)
+    assert int(res.status) in (FitStatus.DIVERGED, FitStatus.MAX_STEPS, FitStatus.STALLED)
+    assert all(np.isfinite(leaf) for leaf in jax.tree.leaves(res.params))
+
+
+# ================================================================ loop and contract
+
+
+def test_history_max_steps_and_fields(rng):
+    y = rng.normal(size=N)
+    res = fusedlp.fit(normal_loglik, {"loc": 0.0, "scale": 1.0}, y)
+    steps = int(res.num_steps)
+    assert res.history.shape == (1001,)
+    assert float(res.history[0]) == float(normal_loglik({"loc": 0.0, "scale": 1.0}, y))
+    assert float(res.history[steps]) == float(res.value)
+    assert np.all(np.isnan(res.history[steps + 1:]))
+    assert np.all(np.diff(res.history[: steps + 1]) >= 0)  # the line search ascends
+    assert float(res.grad_norm) <= 1e-8 * (1 + abs(float(res.value)))
+
+    # tol = atol = 0: a fixed number of steps
+    short = fusedlp.fit(normal_loglik, {"loc": 0.0, "scale": 1.0}, y, max_steps=2, tol=0.0,
+                        atol=0.0)
+    assert int(short.status) == FitStatus.MAX_STEPS and int(short.num_steps) == 2
+    assert short.history.shape == (3,) and np.all(np.isfinite(short.history))
+    none = fusedlp.fit(normal_loglik, {"loc": 0.0, "scale": 1.0}, y, max_steps=0)
+    assert int(none.status) == FitStatus.MAX_STEPS and int(none.num_steps) == 0
+
+
+def test_converged_at_the_start_takes_no_step(rng):
+    k = rng.poisson(3.2, size=400)
+    res = fusedlp.fit(poisson_rate_loglik, {"rate": k.mean()}, k)
+    assert bool(res.converged) and int(res.num_steps) == 0
+
+
+def test_tolerance_semantics(rng):
+    y = rng.normal(size=N)
+    init = {"loc": 3.0, "scale": 3.0}
+    loose = fusedlp.fit(normal_loglik, init, y, tol=1e-2, atol=0.0)  # same compilation
+    tight = fusedlp.fit(normal_loglik, init, y)
+    assert bool(loose.converged) and bool(tight.converged)
+    assert float(loose.grad_norm) <= 1e-2 * abs(float(loose.value))
+    assert int(loose.num_steps) < int(tight.num_steps)
+    big = fusedlp.fit(normal_loglik, init, y, tol=0.0, atol=1e6)
+    assert bool(big.converged) and int(big.num_steps) == 0
+
+
+def test_plain_gradient_transformation(rng):
+    y = rng.normal(2.0, 1.0, size=N)
+    res = fusedlp.fit(normal_log_scale_loglik, {"loc": 0.0, "log_scale": 0.0}, y,
+                      optimizer=optax.adam(0.05), max_steps=3000, tol=1e-6)
+    assert bool(res.converged)
+    np.testing.assert_allclose(res.params["loc"], y.mean(), rtol=1e-5)
+
+
+def test_minimize_energy_convention():
+    def energy(x, c):
+        return jnp.sum((x - c) ** 2) + 1.0
+
+    res = fusedlp.fit(energy, jnp.zeros(3), jnp.array([1.0, -2.0, 0.5]), maximize=False)
+    assert bool(res.converged)
+    np.testing.assert_allclose(res.params, [1.0, -2.0, 0.5], rtol=1e-8)
+    np.testing.assert_allclose(res.value, 1.0, rtol=1e-12)  # the energy, not its negative
+
+
+def test_float32(rng):
+    y = rng.normal(1.5, 2.0, size=N).astype(np.float32)
+    init = {"loc": np.float32(0.0), "scale": np.float32(1.0)}
+    res = fusedlp.fit(normal_loglik, init, y)
+    assert bool(res.converged)
+    assert res.params["loc"].dtype == np.float32 and res.value.dtype == np.float32
+    np.testing.assert_allclose(res.params["scale"], y.astype(np.float64).std(), rtol=1e-4)
+
+
+# ==================================================================== jit and vmap
+
+
+def test_vmap_over_64_data_sets_equals_64_single_fits(rng):
+    ys = rng.normal(rng.uniform(-2, 2, size=(64, 1)), 1.5, size=(64, N))
+    init = {"loc": 0.0, "log_scale": 0.0}
+    # progress=True is switched off under vmap: no bar, the same compilation
+    batched = jax.vmap(functools.partial(fusedlp.fit, normal_log_scale_loglik, progress=True),
+                       in_axes=(None, 0))(init, ys)
+    assert batched.params["loc"].shape == (64,) and batched.history.shape == (64, 1001)
+    assert bool(jnp.all(batched.converged))
+    for i in range(64):
+        single = fusedlp.fit(normal_log_scale_loglik, init, ys[i])
+        assert int(batched.num_steps[i]) == int(single.num_steps)
+        leaves_close(jax.tree.map(lambda a: a[i], batched.params), single.params, rtol=1e-10)
+    # tol = 1e-8 relative to |value| ~ n: loc is good to about 1e-8 of the scale
+    np.testing.assert_allclose(batched.params["loc"], ys.mean(axis=1), rtol=0, atol=1e-7)
+
+
+def test_vmap_over_initial_values(rng):
+    y = rng.normal(size=N)
+    inits = {"loc": jnp.linspace(-3, 3, 5), "log_scale": jnp.linspace(-1, 1, 5)}
+    res = jax.vmap(lambda p: fusedlp.fit(normal_log_scale_loglik, p, y))(inits)
+    assert bool(jnp.all(res.converged))
+    np.testing.assert_allclose(res.params["loc"], np.full(5, y.mean()), rtol=1e-8)
+
+
+def test_jit_of_fit_matches_fit_and_repeats_are_bitwise_identical():
+    _, X, k = cpunish()
+    init = {"beta": np.zeros(X.shape[1])}
+    a = fusedlp.fit(poisson_regression_loglik, init, X, k)
+    b = fusedlp.fit(poisson_regression_loglik, init, X, k)
+    chex.assert_trees_all_equal(a, b)  # bitwise, history and all
+    jitted = jax.jit(functools.partial(fusedlp.fit, poisson_regression_loglik))
+    c = jitted(init, X, k)
+    chex.assert_trees_all_equal(c, jitted(init, X, k))
+    leaves_close(c.params, a.params, rtol=1e-9)
+
+
+def test_loop_is_traced_once_per_shape(rng):
+    traces = []
+
+    def loglik(params, y):
+        traces.append(None)
+        return fusedlp.normal_lpdf(y, params["loc"], jnp.exp(params["log_scale"]))
+
+    init = {"loc": 0.0, "log_scale": 0.0}
+    y1, y2 = rng.normal(size=30), rng.normal(3.0, 2.0, size=30)
+    r1 = fusedlp.fit(loglik, init, y1)
+    n = len(traces)
+    r2 = fusedlp.fit(loglik, init, y2)
+    assert len(traces) == n  # the second call runs the compiled loop: no retrace
+    assert float(r1.params["loc"]) != float(r2.params["loc"])
+
+    def run(init, y):
+        return fusedlp.fit(loglik, init, y)
+
+    once = jax.jit(chex.assert_max_traces(run, n=1))
+    once(init, y1)
+    once(init, y2)  # AssertionError on a second trace
+    # traced data are not validated: NaN makes the fit diverge instead of raising
+    y_nan = y2.copy()
+    y_nan[3] = np.nan
+    res = once(init, y_nan)
+    assert int(res.status) == FitStatus.DIVERGED and not bool(res.converged)
+
+
+# ========================================================================== progress
+
+
+def test_progress_bar_from_inside_the_loop(rng, capsys):
+    pytest.importorskip("tqdm")
+    y = rng.normal(size=N)
+    init = {"loc": 0.0, "scale": 1.0}
+    res = fusedlp.fit(normal_loglik, init, y, progress=1)
+    jax.effects_barrier()
+    err = capsys.readouterr().err
+    assert f"{int(res.num_steps)}/1000" in err and "grad_norm" in err
+    chex.assert_trees_all_equal(res, fusedlp.fit(normal_loglik, init, y))
+    # the compiled loop runs again: a fresh bar from step 0
+    fusedlp.fit(normal_loglik, init, y, progress=1)
+    jax.effects_barrier()
+    assert f"{int(res.num_steps)}/1000" in capsys.readouterr().err
+
+
+# ==================================================================== standard errors
+
+
+def test_standard_errors_nan_with_warning_where_not_positive_definite():
+    y = jnp.array([1.0, 2.0, 4.0, 5.0])
+    at_min = {"loc": 3.0, "scale": 10.0}  # d2/dscale2 > 0 here: not a maximum
+    with pytest.warns(RuntimeWarning, match="not positive definite"):
+        se = fusedlp.standard_errors(normal_loglik, at_min, y)
+    assert all(np.isnan(leaf) for leaf in jax.tree.leaves(se))
+    traced = jax.jit(functools.partial(fusedlp.standard_errors, normal_loglik))(at_min, y)
+    assert all(np.isnan(leaf) for leaf in jax.tree.leaves(traced))  # no warning: traced
+
+
+def test_standard_errors_docstring_example_and_minimize_convention():
+    y = jnp.array([1.0, 2.0, 4.0, 5.0])
+    p = {"loc": 3.0, "scale": float(np.sqrt(2.5))}
+    se = fusedlp.standard_errors(normal_loglik, p, y)
+    np.testing.assert_allclose(se["loc"], math.sqrt(2.5) / 2, rtol=1e-12)
+    nll = lambda p, y: -normal_loglik(p, y)  # noqa: E731
+    leaves_close(fusedlp.standard_errors(nll, p, y, maximize=False), se, rtol=1e-14)
