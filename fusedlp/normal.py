@@ -48,7 +48,9 @@ def _params_ok(loc, scale):
 
 def _z_sum_squares(x, loc, s, shape):
     """z = (x - mu)/sigma for a scalar sigma, and sum z^2 in one select-free reduction."""
-    z = (x + (-loc)) * (1.0 / s)  # x + (-mu), not x - mu: see the note on CSE above
+    # x + (-mu), not x - mu, and / s, not * (1 / s): the partials use x - mu and 1 / s, and
+    # an array or broadcast shared with them would be materialised (see the note above).
+    z = (x + (-loc)) / s
     sq = z * z if loc.size == 1 else z * z + (loc - loc)  # NaN for a non-finite array mu
     return z, jnp.sum(jnp.broadcast_to(sq, shape))
 
@@ -85,7 +87,9 @@ def _normal_fwd(normalized, x, loc, scale):
     dx = dloc = dscale = None
     # Arrays of partials (an output anyway, so selects cost nothing extra there).
     if x.perturbed or (loc.perturbed and lv.size != 1):
-        # d/dmu = z / sigma = (x - mu) / sigma^2; zero off the support, NaN for bad params
+        # d/dmu = z / sigma = (x - mu) / sigma^2; zero off the support, NaN for bad params.
+        # Two multiplies by 1/sigma, never one by 1/sigma^2 (it overflows for sigma < 1e-154;
+        # XLA would also rewrite (a / s) / s into a / (s * s)).
         g = jnp.where(ok, jnp.where(off, 0.0, ((xv - lv) * inv) * inv), jnp.nan)
         g = jnp.broadcast_to(g, shape)
         dx = sum_to_shape(-g, xv.shape) if x.perturbed else None

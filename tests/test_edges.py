@@ -23,10 +23,20 @@ NAN, INF = float("nan"), float("inf")
 
 
 def value_and_grads(f, args, argnums):
-    """Value of the plain call, and value and gradients under value_and_grad."""
+    """Value of the plain call, and value and gradients under value_and_grad.
+
+    The same value and gradients must also come out of ``jax.jit``: XLA rewrites the
+    compiled program (e.g. (a / s) / s into a / (s * s)), and an edge can break there only.
+    """
     plain = f(*args)
-    vg_value, grads = jax.value_and_grad(f, argnums=argnums)(*args)
-    return plain, vg_value, tuple(np.asarray(g) for g in grads)
+    vg = jax.value_and_grad(f, argnums=argnums)
+    vg_value, grads = vg(*args)
+    grads = tuple(np.asarray(g) for g in grads)
+    jit_value, jit_grads = jax.jit(vg)(*args)
+    np.testing.assert_allclose(jit_value, vg_value, rtol=1e-5, err_msg="value under jit")
+    for g, jg in zip(grads, jit_grads):
+        np.testing.assert_allclose(jg, g, rtol=1e-5, err_msg="gradient under jit")
+    return plain, vg_value, grads
 
 
 def eam(r, amp=SEED_DENSITY[0], beta=SEED_DENSITY[1], coeffs=SEED_EMBEDDING, mask=None):
