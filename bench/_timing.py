@@ -222,3 +222,14 @@ def fmt_us(seconds: float | None) -> str:
 
 def fmt_ratio(r: float | None) -> str:
     return "—" if r is None or not math.isfinite(r) else fmt_sig(r, 3)
+
+
+def write_json(path: str, doc: dict, wall: float) -> None:
+    """Write a benchmark's results with the wall time and the load average at the end."""
+    import json
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    doc = {**doc, "wall_s": wall,
+           "load_average_at_end": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
+    with open(path, "w") as fh:
+        json.dump(doc, fh, indent=1)

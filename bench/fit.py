@@ -34,7 +34,6 @@ Run ``python -m bench fit --help``.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
@@ -353,8 +352,7 @@ def main(args) -> int:
             print(f"| {t['target']} | {'yes' if t['met'] else '**no**'} | {t['detail']} |")
         print()
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        doc = {
+        _timing.write_json(args.json, {
             "benchmark": "fusedlp fit",
             "machine": machine,
             "config": cfg,
@@ -362,12 +360,8 @@ def main(args) -> int:
                        "run K Adam steps (tol = atol = 0), per step = median / K; all "
                        "variants of one N timed round-robin (bench/_timing.py); jax AOT "
                        "compiled; median reported, min/IQR kept"),
-            "wall_s": wall,
-            "load_average_at_end": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
             "results": results,
             "targets": targets,
-        }
-        with open(args.json, "w") as fh:
-            json.dump(doc, fh, indent=1)
+        }, wall)
         log(f"# wrote {args.json} ({wall:.0f} s)")
     return 0

@@ -21,7 +21,6 @@ Run ``python -m bench kernels --help``.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
@@ -782,7 +781,7 @@ def main(args) -> int:
 
     text = tables(results, cases)
     targets = evaluate_targets(results) if "float64" in dtypes else []
-    print(f"## fusedlp kernel benchmark\n")
+    print("## fusedlp kernel benchmark\n")
     print(f"{machine['date']}: {machine['cpu_model']}, {machine['cpu_count']} cores "
           f"({machine['platform']}); jax/jaxlib {machine['jax']}/{machine['jaxlib']} "
           f"({machine['backend']}), numba {machine.get('numba')}. Wall time {wall:.0f} s.\n")
@@ -790,20 +789,15 @@ def main(args) -> int:
     print(targets_md(targets))
 
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        doc = {
+        _timing.write_json(args.json, {
             "benchmark": "fusedlp kernels",
             "machine": machine,
             "config": {**cfg.__dict__},
             "method": ("jax: jit, AOT lower+compile timed separately, block_until_ready in "
                        "each timed call; all variants of one (kernel, dtype, N) timed "
                        "round-robin; per-call seconds; median reported, min/IQR kept"),
-            "wall_s": wall,
-            "load_average_at_end": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
             "results": results,
             "targets_float64": targets,
-        }
-        with open(args.json, "w") as fh:
-            json.dump(doc, fh, indent=1)
+        }, wall)
         log(f"# wrote {args.json} ({wall:.0f} s)")
     return 0
