@@ -73,7 +73,7 @@ def _finish(terms, k, param_ok, normalized):
 
 
 def _rate_ok(rate):
-    return (rate >= 0) & (rate < jnp.inf)
+    return (rate >= 0) & jnp.isfinite(rate)  # no inf constant: see _poisson_propto_int_sum
 
 
 def _poisson_terms(normalized, k, rate):
@@ -88,14 +88,16 @@ def _poisson_propto_int_sum(k, rate):
     The fast path for the common fitting case (integer counts, `normalized=False`). XLA:CPU
     reduces a select-free expression in one vectorised pass but first materialises a
     select-laden one as a temporary array, so the edges are arithmetic here:
-      - 0 log 0 = 0: at k = 0 the log sees lam + 1 (1 - min(k, 1) is 1 at k = 0, 0 above),
-        and 0 * log(lam + 1) = 0;
+      - 0 log 0 = 0: at k = 0 the log sees lam + 1/2 (1/2 - min(k, 1/2) is 1/2 at k = 0, 0
+        above), and 0 * log(lam + 1/2) = 0;
       - sqrt(lam) - sqrt(lam) is 0 for a valid rate, NaN for lam < 0, lam = inf or NaN;
       - (k + 1/2) * inf is -inf for k < 0 and +inf for k >= 0: min() with it gives -inf
         off the support and leaves valid terms (and NaN) alone.
-    Equal, element for element, to the select form in `_poisson_terms` for integer k.
+    Equal, element for element, to the select form in `_poisson_terms` for integer k. (The
+    constants 1/2 and inf appear nowhere in the partials' pass: a constant shared with it
+    is broadcast once and materialised as an N-array for this reduction.)
     """
-    klog = k * jnp.log(rate + (1.0 - jnp.minimum(k, 1.0)))
+    klog = k * jnp.log(rate + (0.5 - jnp.minimum(k, 0.5)))
     t = klog - rate + (jnp.sqrt(rate) - jnp.sqrt(rate))
     return jnp.sum(jnp.minimum(t, (k + 0.5) * jnp.inf))
 
