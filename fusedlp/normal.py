@@ -47,12 +47,22 @@ def _params_ok(loc, scale):
 
 
 def _z_sum_squares(x, loc, s, shape):
-    """z = (x - mu)/sigma for a scalar sigma, and sum z^2 in one select-free reduction."""
-    # x + (-mu), not x - mu, and / s, not * (1 / s): the partials use x - mu and 1 / s, and
-    # an array or broadcast shared with them would be materialised (see the note above).
-    z = (x + (-loc)) / s
-    sq = z * z if loc.size == 1 else z * z + (loc - loc)  # NaN for a non-finite array mu
-    return z, jnp.sum(jnp.broadcast_to(sq, shape))
+    """Sum of z^2, z = (x - mu)/sigma for a scalar sigma, in one select-free reduction.
+
+    A non-finite array mu must give NaN, but in the sum it gives +inf like an infinite x.
+    Both make the sum non-finite, so only then (lax.cond) a second pass adds mu - mu (NaN
+    for a non-finite mu, else 0) to tell them apart: the common path pays nothing for it.
+    """
+    # x + (-mu), not x - mu: the partials use x - mu, and an array shared with them would
+    # be materialised (see the note above). 1 / s is fine: they scale by -1 / s instead.
+    def sum_sq(verdict):
+        z = (x + (-loc)) * (1.0 / s)  # formed inside each branch: a shared z is materialised
+        return jnp.sum(jnp.broadcast_to(z * z + (loc - loc) if verdict else z * z, shape))
+
+    z2 = sum_sq(False)
+    if loc.size == 1:
+        return z2
+    return jax.lax.cond(jnp.isfinite(z2), lambda _: z2, lambda _: sum_sq(True), None)
 
 
 def _normal_value(normalized, x, loc, scale):
@@ -60,7 +70,7 @@ def _normal_value(normalized, x, loc, scale):
     n = math.prod(shape)
     if scale.size == 1:
         s = scale.reshape(())
-        _, z2 = _z_sum_squares(x, loc, s, shape)
+        z2 = _z_sum_squares(x, loc, s, shape)
         total = -0.5 * z2 - n * jnp.log(s)
         ok = jnp.all(_params_ok(loc, s)) if loc.size == 1 else _params_ok(0.0, s)
         total = jnp.where(ok, total, jnp.nan)
@@ -88,9 +98,11 @@ def _normal_fwd(normalized, x, loc, scale):
     # Arrays of partials (an output anyway, so selects cost nothing extra there).
     if x.perturbed or (loc.perturbed and lv.size != 1):
         # d/dmu = z / sigma = (x - mu) / sigma^2; zero off the support, NaN for bad params.
-        # Two multiplies by 1/sigma, never one by 1/sigma^2 (it overflows for sigma < 1e-154;
-        # XLA would also rewrite (a / s) / s into a / (s * s)).
-        g = jnp.where(ok, jnp.where(off, 0.0, ((xv - lv) * inv) * inv), jnp.nan)
+        # Two multiplies by m = -1/sigma (m^2 = 1/sigma^2), never one by 1/sigma^2: that
+        # overflows for sigma < 1e-154 (and XLA rewrites (a / s) / s into a / (s * s)).
+        # Not by the value's 1/sigma: a broadcast shared with it would be materialised.
+        m = -1.0 / sv
+        g = jnp.where(ok, jnp.where(off, 0.0, ((xv - lv) * m) * m), jnp.nan)
         g = jnp.broadcast_to(g, shape)
         dx = sum_to_shape(-g, xv.shape) if x.perturbed else None
         dloc = sum_to_shape(g, lv.shape) if loc.perturbed else None
@@ -110,7 +122,7 @@ def _normal_fwd(normalized, x, loc, scale):
     n = math.prod(shape)
     s = sv.reshape(())
     s_inv = 1.0 / s
-    _, z2 = _z_sum_squares(xv, lv, s, shape)
+    z2 = _z_sum_squares(xv, lv, s, shape)
     s_ok = jnp.all(_params_ok(lv, s)) if lv.size == 1 else _params_ok(0.0, s)
     value = jnp.where(s_ok, -0.5 * z2 - n * jnp.log(s), jnp.nan)
     if normalized:
