@@ -540,3 +540,45 @@ def test_eam_empty_inputs(shape):
     assert da.shape == () and db.shape == () and dc.shape == (4,)
     assert da == 0.0 and db == 0.0
     np.testing.assert_array_equal(dc, np.zeros(4))
+
+
+# Above fusedlp.normal._SMALL elements the scalar-scale path reduces without selects and
+# decides the edges in a second pass only when the sum is not finite (lax.cond); the tests
+# above use small arrays, so these exercise that path, eagerly and under jit.
+@pytest.mark.parametrize("case", ["finite", "x_inf", "loc_inf", "loc_nan"])
+@pytest.mark.parametrize("scalar_loc", [True, False], ids=["scalar-loc", "array-loc"])
+def test_normal_large_n_edge_path(case, scalar_loc, rng):
+    from fusedlp.normal import _SMALL
+
+    n = _SMALL + 101
+    x = rng.normal(size=n)
+    loc = np.float64(0.25) if scalar_loc else rng.normal(size=n) * 0.1
+    scale = np.float64(1.7)
+    if case == "x_inf":
+        x[17] = INF
+    elif case in ("loc_inf", "loc_nan"):
+        if scalar_loc:
+            loc = np.float64(INF if case == "loc_inf" else NAN)
+        else:
+            loc = loc.copy()
+            loc[n - 3] = INF if case == "loc_inf" else NAN
+    plain, value, (dx, dloc, dscale) = value_and_grads(fusedlp.normal_lpdf, (x, loc, scale),
+                                                       (0, 1, 2))
+    if case in ("loc_inf", "loc_nan"):
+        assert np.isnan(plain) and np.isnan(value)
+        return
+    off = np.isinf(x)
+    z = np.where(off, 0.0, (x - loc) / scale)
+    if case == "x_inf":
+        assert plain == -np.inf and value == -np.inf
+    else:
+        ref = scipy.stats.norm.logpdf(x, loc, scale).sum()
+        np.testing.assert_allclose([plain, value], [ref, ref], rtol=1e-12)
+    np.testing.assert_allclose(dx, -z / scale, rtol=1e-12, atol=1e-300)
+    dloc_ref = z / scale if not scalar_loc else (z / scale).sum()
+    np.testing.assert_allclose(dloc, dloc_ref, rtol=1e-10)
+    np.testing.assert_allclose(dscale, ((z * z - 1.0) / scale)[~off].sum(), rtol=1e-10)
+    # with x undifferentiated the scalar partials come from the sums (the fitting path)
+    if scalar_loc:
+        dl, ds = jax.jit(jax.grad(fusedlp.normal_lpdf, argnums=(1, 2)))(x, loc, scale)
+        np.testing.assert_allclose([dl, ds], [dloc_ref, dscale], rtol=1e-10)
