@@ -3,6 +3,7 @@
 Subcommands:
   kernels   fused kernels vs jax autodiff vs hand-written numba loops (the default)
   fit       per-step cost of fusedlp.fit's compiled loop vs a Python loop and one v&g call
+  summary   the README headline table, read from the kernels JSON
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from bench import fit, kernels
+    from bench import fit, kernels, summary
 
     parser = argparse.ArgumentParser(
         prog="python -m bench",
@@ -34,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fit.add_arguments(p)
     p.set_defaults(run=fit.main)
+    p = sub.add_parser("summary", help="README headline table from a kernels JSON")
+    summary.add_arguments(p)
+    p.set_defaults(run=summary.main)
     return parser
 
 
