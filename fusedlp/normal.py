@@ -72,21 +72,26 @@ def _z_sum_squares(x, loc, s, shape):
     return jax.lax.cond(jnp.isfinite(z2), lambda _: z2, lambda _: sum_sq(True), None)
 
 
+def _scalar_scale_value(normalized, x, loc, s, shape):
+    """Value for a scalar sigma, with the sum of z^2 and the scalar parameter verdict."""
+    n = math.prod(shape)
+    z2 = _z_sum_squares(x, loc, s, shape)
+    ok = jnp.all(_params_ok(loc, s)) if loc.size == 1 else _params_ok(0.0, s)
+    value = jnp.where(ok, -0.5 * z2 - n * jnp.log(s), jnp.nan)
+    if normalized:
+        value = value - _HALF_LOG_2PI * n
+    return value, z2, ok
+
+
 def _normal_value(normalized, x, loc, scale):
     shape = jnp.broadcast_shapes(x.shape, loc.shape, scale.shape)
-    n = math.prod(shape)
     if scale.size == 1:
-        s = scale.reshape(())
-        z2 = _z_sum_squares(x, loc, s, shape)
-        total = -0.5 * z2 - n * jnp.log(s)
-        ok = jnp.all(_params_ok(loc, s)) if loc.size == 1 else _params_ok(0.0, s)
-        total = jnp.where(ok, total, jnp.nan)
-    else:
-        z = (x + (-loc)) / scale
-        t = z * z + 2.0 * jnp.log(scale) + ((loc - loc) + (scale - scale))
-        total = -0.5 * jnp.sum(jnp.broadcast_to(t, shape))
+        return _scalar_scale_value(normalized, x, loc, scale.reshape(()), shape)[0]
+    z = (x + (-loc)) / scale
+    t = z * z + 2.0 * jnp.log(scale) + ((loc - loc) + (scale - scale))
+    total = -0.5 * jnp.sum(jnp.broadcast_to(t, shape))
     if normalized:
-        total = total - _HALF_LOG_2PI * n
+        total = total - _HALF_LOG_2PI * math.prod(shape)
     return total
 
 
@@ -129,11 +134,7 @@ def _normal_fwd(normalized, x, loc, scale):
     n = math.prod(shape)
     s = sv.reshape(())
     s_inv = 1.0 / s
-    z2 = _z_sum_squares(xv, lv, s, shape)
-    s_ok = jnp.all(_params_ok(lv, s)) if lv.size == 1 else _params_ok(0.0, s)
-    value = jnp.where(s_ok, -0.5 * z2 - n * jnp.log(s), jnp.nan)
-    if normalized:
-        value = value - _HALF_LOG_2PI * n
+    value, z2, s_ok = _scalar_scale_value(normalized, xv, lv, s, shape)
     want_z1 = loc.perturbed and lv.size == 1 and not x.perturbed  # else dloc = sum of g
     if not (want_z1 or scale.perturbed):
         return value, (dx, dloc, dscale)
