@@ -40,7 +40,8 @@ def main(args) -> int:
         v = r["variants"]
         base = "stats" if "stats" in r["baselines"] else r["baselines"][0]
         q = r["ratios"]
-        print(f"| `{r['kernel']}` | 10^{len(str(r['n'])) - 1} | {fmt_us(v['fused.value']['median'])} "
+        decade = len(str(r["n"])) - 1
+        print(f"| `{r['kernel']}` | 10^{decade} | {fmt_us(v['fused.value']['median'])} "
               f"| {fmt_us(v['fused.vg']['median'])} | {fmt_ratio(q['fused_vg_over_value'])} "
               f"| {fmt_us(v[base + '.vg']['median'])} "
               f"| {fmt_ratio(q[base + '_vg_over_fused_vg'])} "

@@ -104,7 +104,9 @@ def validate(fn: str, name: str, value: ArrayLike, bad, what: str) -> None:
     if mask.any():
         idx = tuple(int(i) for i in np.argwhere(mask)[0]) if mask.ndim else ()
         where = f"{name}[{', '.join(map(str, idx))}]" if idx else name
-        raise ValueError(f"{fn}: argument `{name}` {what}; first offending entry {where} = {arr[idx]!r}")
+        raise ValueError(
+            f"{fn}: argument `{name}` {what}; first offending entry {where} = {arr[idx].item()!r}"
+        )
 
 
 def want_validation(flag: bool | None) -> bool:

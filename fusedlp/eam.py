@@ -159,7 +159,9 @@ def eam_energy(
     fn = "eam_energy"
     r = _checks.as_real_array(fn, "r", r)
     if r.ndim == 0:
-        raise ValueError(f"{fn}: argument `r` must have at least one axis (neighbours), got a scalar")
+        raise ValueError(
+            f"{fn}: argument `r` must have at least one axis (neighbours), got a scalar"
+        )
     try:
         amp_raw, beta_raw = density
     except (TypeError, ValueError):
