@@ -72,26 +72,24 @@ def _densities(r, mask, beta):
 
 
 def _energy(r, mask, amp, beta, coeffs):
-    _, e = _densities(r, mask, beta)
-    p = amp * jnp.sum(e, axis=-1)
-    f, _ = _embed(coeffs, p)
-    return jnp.where(_params_ok(amp, beta, coeffs), jnp.sum(f), jnp.nan)
+    """E and the intermediates the partials reuse: (E, r_safe, e, S, p, F'(p), params ok)."""
+    rs, e = _densities(r, mask, beta)
+    s = jnp.sum(e, axis=-1)  # S_s
+    p = amp * s
+    f, df = _embed(coeffs, p)
+    ok = _params_ok(amp, beta, coeffs)
+    return jnp.where(ok, jnp.sum(f), jnp.nan), rs, e, s, p, df, ok
 
 
 @jax.custom_vjp
 def _eam(r, mask, amp, beta, coeffs):
-    return _energy(r, mask, amp, beta, coeffs)
+    return _energy(r, mask, amp, beta, coeffs)[0]
 
 
 def _eam_fwd(r, mask, amp, beta, coeffs):
     rv, av, bv, cv = r.value, amp.value, beta.value, coeffs.value
     mv = None if mask is None else mask.value
-    rs, e = _densities(rv, mv, bv)
-    s = jnp.sum(e, axis=-1)  # S_s
-    p = av * s
-    f, df = _embed(cv, p)
-    ok = _params_ok(av, bv, cv)
-    value = jnp.where(ok, jnp.sum(f), jnp.nan)
+    value, rs, e, s, p, df, ok = _energy(rv, mv, av, bv, cv)
     nan_unless_ok = lambda d: jnp.where(ok, d, jnp.nan)  # noqa: E731
     dr = da = db = dc = None
     if r.perturbed:

@@ -69,6 +69,23 @@ def _finish(terms, k, param_ok, normalized):
     return jnp.where(param_ok & ~jnp.isnan(k), terms, jnp.nan), kok
 
 
+def _fold_partial(d, kok, param_ok, k, shape, param_shape):
+    """The edges of `_finish`, applied to a partial, folded back to the parameter's shape.
+
+    Zero off the support (k is data there, not a parameter), NaN for an invalid parameter
+    or a NaN count.
+    """
+    d = jnp.where(kok, d, 0.0)
+    d = jnp.where(param_ok & ~jnp.isnan(k), d, jnp.nan)
+    return sum_to_shape(jnp.broadcast_to(d, shape), param_shape)
+
+
+def _bwd(*args):
+    """Backward rule of both forms (static options first): k is data and gets no cotangent."""
+    *_, dparam, g = args
+    return None, scaled(g, dparam)
+
+
 # ---------------------------------------------------------------------------- rate form
 
 
@@ -122,17 +139,11 @@ def _poisson_fwd(normalized, integer_k, k, rate):
         shape = jnp.broadcast_shapes(kv.shape, rv.shape)
         safe = jnp.where(kv == 0, 1.0, rv)
         d = jnp.where(kv == 0, -1.0, kv / safe - 1.0)
-        d = jnp.where(_in_support(kv), d, 0.0)
-        d = jnp.where(_rate_ok(rv) & ~jnp.isnan(kv), d, jnp.nan)
-        drate = sum_to_shape(jnp.broadcast_to(d, shape), rv.shape)
+        drate = _fold_partial(d, _in_support(kv), _rate_ok(rv), kv, shape, rv.shape)
     return value, drate
 
 
-def _poisson_bwd(normalized, integer_k, drate, g):
-    return None, scaled(g, drate)
-
-
-_poisson.defvjp(_poisson_fwd, _poisson_bwd, symbolic_zeros=True)
+_poisson.defvjp(_poisson_fwd, _bwd, symbolic_zeros=True)
 
 # ------------------------------------------------------------------------ log-rate form
 
@@ -158,17 +169,11 @@ def _poisson_log_fwd(normalized, k, log_rate):
     terms, kok = _poisson_log_terms(normalized, kv, ev, rate)
     deta = None
     if log_rate.perturbed:
-        d = jnp.where(kok, kv - rate, 0.0)
-        d = jnp.where(_log_rate_ok(ev) & ~jnp.isnan(kv), d, jnp.nan)
-        deta = sum_to_shape(jnp.broadcast_to(d, terms.shape), ev.shape)
+        deta = _fold_partial(kv - rate, kok, _log_rate_ok(ev), kv, terms.shape, ev.shape)
     return jnp.sum(terms), deta
 
 
-def _poisson_log_bwd(normalized, deta, g):
-    return None, scaled(g, deta)
-
-
-_poisson_log.defvjp(_poisson_log_fwd, _poisson_log_bwd, symbolic_zeros=True)
+_poisson_log.defvjp(_poisson_log_fwd, _bwd, symbolic_zeros=True)
 
 # -------------------------------------------------------------------------- public API
 
