@@ -1,7 +1,8 @@
 """``python -m bench [SUBCOMMAND] ...``: the benchmark entry point.
 
 Subcommands:
-  kernels   fused kernels vs jax autodiff vs hand-written numba loops (the default)
+  studies   the five seed studies, one table each, and the headline table (the default)
+  kernels   fused kernels vs jax autodiff vs hand-written numba loops, N = 10 .. 1e7
   fit       per-step cost of fusedlp.fit's compiled loop vs a Python loop and one v&g call
   summary   the README headline table, read from the kernels JSON
 """
@@ -13,13 +14,21 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from bench import fit, kernels, summary
+    from bench import fit, kernels, studies, summary
 
     parser = argparse.ArgumentParser(
         prog="python -m bench",
-        description="fusedlp benchmarks. With no subcommand, runs `kernels` with its defaults.",
+        description="fusedlp benchmarks. With no subcommand, runs `studies` (every seed study).",
     )
     sub = parser.add_subparsers(dest="command", metavar="SUBCOMMAND")
+    p = sub.add_parser(
+        "studies",
+        help="the five seed studies (../shared/seeds): one markdown table each, the seed's "
+             "ratios beside ours, and the README headline table",
+        description=(studies.__doc__ or "").strip().splitlines()[0],
+    )
+    studies.add_arguments(p)
+    p.set_defaults(run=studies.main)
     p = sub.add_parser(
         "kernels",
         help="time value / gradient / value-and-gradient of every kernel, N = 10 .. 1e7",
@@ -45,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
-        argv = ["kernels", *argv]  # no subcommand: `kernels`
+        argv = ["studies", *argv]  # no subcommand: `studies`
     args = parser.parse_args(argv)
     return args.run(args)
 

@@ -1,0 +1,123 @@
+"""The five seed studies (``../shared/seeds/``), reproduced with JAX and fusedlp.
+
+``python -m bench`` runs them all and prints one markdown table per study, the seed's ratios
+beside ours, and the headline table README.md shows. Each study is a module with
+``run(quick) -> dict`` (JSON-ready), ``comparison(result)`` and, where it has more to show,
+``extra_tables(result)``; the notebooks in ``notebooks/`` call the same functions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from types import ModuleType
+
+from bench.studies import broadcast, eam, jacobian, normal_ad, poisson
+from bench.studies._core import comparison_table, header, md_table, save_plot, table, us
+
+STUDIES: dict[str, ModuleType] = {
+    m.NAME: m for m in (normal_ad, jacobian, broadcast, eam, poisson)
+}
+DEFAULT_JSON = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                            "results", "studies.json")
+QUICK_ENV = "FUSEDLP_QUICK"
+
+
+def quick_from_env() -> bool:
+    """Quick mode for notebooks: ``FUSEDLP_QUICK=1`` (what CI sets)."""
+    return os.environ.get(QUICK_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def setup() -> dict:
+    """float64 on (the studies are float64, as the seeds are); the machine record."""
+    import jax
+
+    from bench import _timing
+
+    jax.config.update("jax_enable_x64", True)
+    return _timing.machine_info()
+
+
+def study_markdown(result: dict) -> str:
+    mod = STUDIES[result["study"]]
+    parts = [f"## {result['title']}",
+             (f"Seed: `{result['seed']}`. Study `{result['study']}`"
+              f"{' (quick mode)' if result['quick'] else ''}, "
+              f"{len(result['checks'])} correctness checks passed before timing."), "",
+             table(result)]
+    for title, md in getattr(mod, "extra_tables", lambda r: [])(result):
+        parts += ["", f"**{title}**", "", md]
+    parts += ["", "**Ratios: the seed's against ours**", "", comparison_table(
+        mod.comparison(result))]
+    return "\n".join(parts)
+
+
+def headline_table(results: list[dict]) -> str:
+    rows = []
+    for r in results:
+        h = r["headline"]
+        rows.append([
+            r["study"], f"{h['n']:,}", us(h["value_s"]), f"{us(h['best_ad_s'])} ({h['best_ad']})",
+            us(h["fused_s"]) if h["fused_s"] else "— (no fusedlp kernel)",
+            f"{h['best_ad_over_value']:.2f}",
+            f"{h['fused_over_value']:.2f}" if h["fused_over_value"] else "—",
+        ])
+    return md_table(["study", "n", "value µs", "best AD gradient µs", "fusedlp gradient µs",
+                     "best AD / value", "fusedlp / value"], rows, "lrrlrrr")
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--quick", action="store_true",
+                   help="small sizes and few repeats: seconds per study (what CI runs)")
+    p.add_argument("--study", action="append", metavar="NAME",
+                   help=f"run only this study (repeatable; one of {', '.join(STUDIES)})")
+    p.add_argument("--json", default=DEFAULT_JSON, metavar="PATH",
+                   help="write every figure, check and the machine record here "
+                        "(default: bench/results/studies.json)")
+    p.add_argument("--plots", metavar="DIR", help="write one PNG per study (log-log time vs n)")
+
+
+def _log(*a) -> None:
+    print(*a, file=sys.stderr, flush=True)
+
+
+def main(args) -> int:
+    names = args.study or list(STUDIES)
+    unknown = [n for n in names if n not in STUDIES]
+    if unknown:
+        raise SystemExit(f"unknown study {unknown}; choose from {', '.join(STUDIES)}")
+    machine = setup()
+    print("# fusedlp: the seed studies\n")
+    print(header(machine) + "\n")
+    t0 = time.perf_counter()
+    results = []
+    for name in names:
+        t = time.perf_counter()
+        _log(f"# study {name}{' (quick)' if args.quick else ''} ...")
+        res = STUDIES[name].run(quick=args.quick)
+        results.append(res)
+        print(study_markdown(res) + "\n", flush=True)
+        _log(f"#   {name}: {time.perf_counter() - t:.1f} s")
+        if args.plots:
+            os.makedirs(args.plots, exist_ok=True)
+            path = os.path.join(args.plots, f"{name}.png")
+            save_plot(res, path, STUDIES[name].comparison(res))
+            _log(f"#   wrote {path}")
+    wall = time.perf_counter() - t0
+    print("## Headline: one row per study\n")
+    print(headline_table(results))
+    print(f"\nWall time {wall:.0f} s{' (quick mode)' if args.quick else ''}.")
+    if args.json:
+        from bench._timing import write_json
+
+        write_json(args.json, {"benchmark": "fusedlp seed studies", "machine": machine,
+                               "quick": args.quick, "results": results}, wall)
+        _log(f"# wrote {args.json}")
+    return 0
+
+
+def load(path: str = DEFAULT_JSON) -> dict:
+    with open(path) as fh:
+        return json.load(fh)
