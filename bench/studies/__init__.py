@@ -31,12 +31,20 @@ def quick_from_env() -> bool:
 
 
 def setup() -> dict:
-    """float64 on (the studies are float64, as the seeds are); the machine record."""
+    """float64 on (the studies are float64, as the seeds are), JAX's asynchronous CPU dispatch
+    off (as in ``python -m bench kernels``); the machine record.
+
+    With asynchronous dispatch on (JAX's default), a call whose compiled program XLA deems
+    large enough runs on a worker thread and the caller waits for it: on this 2-core machine
+    that hand-off costs 10-30 µs from about a thousand elements up, which would swamp the
+    differences these studies look at. Must run before JAX's CPU backend starts.
+    """
     import jax
 
     from bench import _timing
 
     jax.config.update("jax_enable_x64", True)
+    jax.config.update("jax_cpu_enable_async_dispatch", False)
     return _timing.machine_info()
 
 
@@ -57,13 +65,14 @@ def study_markdown(result: dict) -> str:
 def headline_table(results: list[dict]) -> str:
     rows = []
     for r in results:
-        h = r["headline"]
-        rows.append([
-            r["study"], f"{h['n']:,}", us(h["value_s"]), f"{us(h['best_ad_s'])} ({h['best_ad']})",
-            us(h["fused_s"]) if h["fused_s"] else "— (no fusedlp kernel)",
-            f"{h['best_ad_over_value']:.2f}",
-            f"{h['fused_over_value']:.2f}" if h["fused_over_value"] else "—",
-        ])
+        for h in r["headline"]:
+            rows.append([
+                r["study"], f"{h['n']:,}", us(h["value_s"]),
+                f"{us(h['best_ad_s'])} ({h['best_ad']})",
+                us(h["fused_s"]) if h["fused_s"] else "— (no fusedlp kernel)",
+                f"{h['best_ad_over_value']:.2f}",
+                f"{h['fused_over_value']:.2f}" if h["fused_over_value"] else "—",
+            ])
     return md_table(["study", "n", "value µs", "best AD gradient µs", "fusedlp gradient µs",
                      "best AD / value", "fusedlp / value"], rows, "lrrlrrr")
 
@@ -106,7 +115,7 @@ def main(args) -> int:
             save_plot(res, path, STUDIES[name].comparison(res))
             _log(f"#   wrote {path}")
     wall = time.perf_counter() - t0
-    print("## Headline: one row per study\n")
+    print("## Headline: each study at its seed's n, and at n = 10⁶ where it has one\n")
     print(headline_table(results))
     print(f"\nWall time {wall:.0f} s{' (quick mode)' if args.quick else ''}.")
     if args.json:

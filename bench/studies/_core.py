@@ -58,9 +58,9 @@ class Variant:
 @dataclass
 class Config:
     quick: bool
-    min_repeats: int = 15
-    min_total: float = 0.25
-    max_total: float = 1.0
+    min_repeats: int = 20
+    min_total: float = 0.3
+    max_total: float = 1.5
 
     @classmethod
     def make(cls, quick: bool) -> Config:
@@ -246,8 +246,10 @@ def header(machine: dict) -> str:
     return (f"Measured {machine['date'][:16]} on {machine['cpu_model']}, "
             f"{machine['cpu_count']} cores; jax/jaxlib {machine['jax']}/{machine['jaxlib']} "
             f"({machine['backend']}, devices {', '.join(machine['devices'])}), "
-            f"numba {machine.get('numba')}. Median per call after compilation; compile time "
-            "(lower + compile, or a numba/eager first call) apart.")
+            f"numba {machine.get('numba')}; float64; JAX asynchronous CPU dispatch "
+            f"{'on' if machine.get('jax_cpu_enable_async_dispatch') else 'off'}. Median per "
+            "call after compilation; compile time (lower + compile, or a numba/eager first "
+            "call) apart.")
 
 
 # ---------------------------------------------------------------------- plots

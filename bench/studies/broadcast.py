@@ -18,12 +18,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bench.studies._core import Config, Study, Variant, floor_variant, headline_row, median
+from bench.studies._core import (
+    Config,
+    Study,
+    Variant,
+    floor_variant,
+    headline_row,
+    median,
+    sizes,
+)
 
 NAME = "broadcast"
 TITLE = "Gradient of Σ exp(x): op-by-op, jitted, fused"
 SEED = "002_8d6e49b1495ba349.txt"
-SIZES = (10, 100, 1000, 10**6)
+SIZES = (10, 100, 1000, 10**4, 10**5, 10**6)
 QUICK_SIZES = (10, 1000)
 
 # The seed's BenchmarkTools medians at n = 1000, microseconds (ReverseDiff.gradient).
@@ -99,7 +107,8 @@ def run(quick: bool = False) -> dict:
                      "reversediff_lazy_tape_instructions": 2 * n - 1})
     st.extra["program_size"] = eqns
     res = st.result(seed_figures=seed_figures())
-    res["headline"] = headline_row(res, 1000, "value", "fused")
+    res["headline"] = [headline_row(res, n, "value", "fused")
+                       for n in (1000, 10**6) if n in sizes(res)]
     return res
 
 

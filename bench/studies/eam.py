@@ -18,12 +18,20 @@ import jax.numpy as jnp
 import numpy as np
 
 import fusedlp
-from bench.studies._core import Config, Study, Variant, floor_variant, headline_row, median
+from bench.studies._core import (
+    Config,
+    Study,
+    Variant,
+    floor_variant,
+    headline_row,
+    median,
+    sizes,
+)
 
 NAME = "eam"
 TITLE = "EAM potential F(Σ ρ(x_i)): value, hand gradient, AD, fused, numba"
 SEED = "003_f4c54e1fedfbf3cb.txt"
-SIZES = (100, 1000, 10**6)
+SIZES = (100, 1000, 10**4, 10**5, 10**6)
 QUICK_SIZES = (100, 1000)
 BATCH, QUICK_BATCH = 10_000, 1000
 BATCH_N = 100
@@ -151,7 +159,8 @@ def run(quick: bool = False) -> dict:
     st.extra["batch"] = B
 
     res = st.result(seed_figures=seed_figures())
-    res["headline"] = headline_row(res, 1000, "value", "fused")
+    res["headline"] = [headline_row(res, n, "value", "fused")
+                       for n in (1000, 10**6) if n in sizes(res)]
     return res
 
 

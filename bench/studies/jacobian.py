@@ -149,8 +149,8 @@ def run(quick: bool = False) -> dict:
                 work.append({"n": n, "variant": v.name, "label": v.label, **_work(v.fn, v.args)})
     st.extra["work"] = work
     res = st.result(seed_figures=seed_figures())
-    res["headline"] = headline_row(res, 21, "value", None, kinds=("jacobian",),
-                                   among=("jacrev_x", "jacfwd_x"))
+    res["headline"] = [headline_row(res, 21, "value", None, kinds=("jacobian",),
+                                    among=("jacrev_x", "jacfwd_x"))]
     return res
 
 

@@ -18,12 +18,12 @@ import numpy as np
 from jax.scipy.stats import norm
 
 import fusedlp
-from bench.studies._core import Config, Study, Variant, floor_variant, headline_row
+from bench.studies._core import Config, Study, Variant, floor_variant, headline_row, sizes
 
 NAME = "normal_ad"
 TITLE = "AD backends on the normal log-density: ∇θ Σ log N(y_i | θ_i, s)"
 SEED = "000_1cdbcce1aca03f97.txt"
-SIZES = (10, 100, 1000, 10**6)
+SIZES = (10, 100, 1000, 10**4, 10**5, 10**6)
 QUICK_SIZES = (10, 100, 1000)
 DENSE_MAX_N = 1000  # forward mode, complex step and FD materialise n x n arrays
 SCALE = 1.0
@@ -128,7 +128,8 @@ def run(quick: bool = False) -> dict:
                 st.skip(n, name, label, "gradient", f"not run: n × n array at n = {n:,}",
                         ad=name == "forward")
     res = st.result(seed_figures=seed_figures())
-    res["headline"] = headline_row(res, 1000, "value", "fused")
+    res["headline"] = [headline_row(res, n, "value", "fused")
+                       for n in (1000, 10**6) if n in sizes(res)]
     return res
 
 

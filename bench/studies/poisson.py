@@ -19,12 +19,20 @@ import numpy as np
 from jax.scipy.stats import poisson
 
 import fusedlp
-from bench.studies._core import Config, Study, Variant, floor_variant, headline_row, median
+from bench.studies._core import (
+    Config,
+    Study,
+    Variant,
+    floor_variant,
+    headline_row,
+    median,
+    sizes,
+)
 
 NAME = "poisson"
 TITLE = "Poisson log-likelihood ∇λ Σ log Poisson(c_i | λ_i)"
 SEED = "004_b0111cab4e3a9d47.txt"
-SIZES = (1000, 10**6)
+SIZES = (1000, 10**4, 10**5, 10**6)
 QUICK_SIZES = (1000,)
 
 # The seed's figures at n = 1000, µs: its JAX %timeit means, and the last consistent Julia
@@ -144,7 +152,8 @@ def run(quick: bool = False) -> dict:
                  value, rtol=1e-10)
         st.time(n, vs)
     res = st.result(seed_figures=seed_figures())
-    res["headline"] = headline_row(res, 1000, "value", "fused")
+    res["headline"] = [headline_row(res, n, "value", "fused")
+                       for n in (1000, 10**6) if n in sizes(res)]
     return res
 
 
