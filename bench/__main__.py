@@ -4,6 +4,7 @@ Subcommands:
   studies   the five seed studies, one table each, and the headline table (the default)
   kernels   fused kernels vs jax autodiff vs hand-written numba loops, N = 10 .. 1e7
   fit       per-step cost of fusedlp.fit's compiled loop vs a Python loop and one v&g call
+  sharding  value-and-gradient sharded over 4 forced CPU devices vs 1 device; GPU throughput
   summary   the README headline table, read from the kernels JSON
 """
 
@@ -14,7 +15,7 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from bench import fit, kernels, studies, summary
+    from bench import fit, kernels, sharding, studies, summary
 
     parser = argparse.ArgumentParser(
         prog="python -m bench",
@@ -44,6 +45,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fit.add_arguments(p)
     p.set_defaults(run=fit.main)
+    p = sub.add_parser(
+        "sharding",
+        help="sharded (4 forced CPU devices) vs unsharded value-and-gradient; with "
+             "--throughput, bandwidth fraction on a GPU",
+        description=(sharding.__doc__ or "").strip().splitlines()[0],
+    )
+    sharding.add_arguments(p)
+    p.set_defaults(run=sharding.main)
     p = sub.add_parser("summary", help="README headline table from a kernels JSON")
     summary.add_arguments(p)
     p.set_defaults(run=summary.main)

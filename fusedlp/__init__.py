@@ -15,6 +15,7 @@ from fusedlp.fitting import standard_errors as standard_errors
 from fusedlp.normal import normal_lpdf as normal_lpdf
 from fusedlp.poisson import poisson_log_lpmf as poisson_log_lpmf
 from fusedlp.poisson import poisson_lpmf as poisson_lpmf
+from fusedlp.sharding import shard as shard
 
 __version__ = "0.1.0"
 
@@ -28,6 +29,7 @@ __all__ = (
     "normal_lpdf",
     "poisson_log_lpmf",
     "poisson_lpmf",
+    "shard",
     "standard_errors",
     "validation",
 )

@@ -119,12 +119,27 @@ def _is_tracer(x) -> bool:
     return isinstance(x, jax.core.Tracer)
 
 
+@jax.jit
+def _all_finite(x: jax.Array) -> jax.Array:
+    return jnp.all(jnp.isfinite(x))
+
+
 def _check_concrete(name: str, tree: PyTree, *, allow_empty: bool) -> None:
     """Raise ValueError naming ``name`` + path if a concrete leaf is empty or non-finite."""
     for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
         if _is_tracer(leaf):
             continue
         where = name + jax.tree_util.keystr(path)
+        if isinstance(leaf, jax.Array) and len(leaf.sharding.device_set) > 1:
+            # Split over devices (fusedlp.shard): checked where it lies, since copying it to
+            # the host would gather the data (and cannot, across processes); the copy below
+            # only locates an offending entry for the message.
+            if leaf.size == 0 and not allow_empty:
+                raise ValueError(f"fit: {where} is empty (shape {leaf.shape})")
+            if not jnp.issubdtype(leaf.dtype, jnp.inexact) or bool(_all_finite(leaf)):
+                continue
+            if not leaf.is_fully_addressable:
+                raise ValueError(f"fit: {where} must be finite, found a NaN or infinity")
         arr = np.asarray(leaf)
         if arr.size == 0 and not allow_empty:
             raise ValueError(f"fit: {where} is empty (shape {arr.shape})")

@@ -35,6 +35,20 @@ _LOG_FACTORIAL = np.array([math.lgamma(k + 1.0) for k in range(_TABLE_SIZE)])
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 
 
+def _lookup(table: jax.Array, idx: jax.Array) -> jax.Array:
+    """``table[idx]`` for in-range ``idx``, shaped and sharded like ``idx``.
+
+    Under a mesh with Explicit axes (``jax.make_mesh``'s default) a gather from a replicated
+    table with sharded indices has no unambiguous output sharding and jax refuses to trace
+    it; there the indices' sharding is named. Elsewhere (one device, Auto axes) the spec
+    carries no mesh axis and this is the plain ``jnp.take``.
+    """
+    sharding = getattr(jax.typeof(idx), "sharding", None) if hasattr(jax, "typeof") else None
+    if sharding is not None and any(axis is not None for axis in sharding.spec):
+        return table.at[idx].get(mode="promise_in_bounds", out_sharding=sharding)
+    return jnp.take(table, idx)
+
+
 def _log_factorial(k: jax.Array) -> jax.Array:
     """log k! for non-negative integer-valued float k.
 
@@ -47,7 +61,7 @@ def _log_factorial(k: jax.Array) -> jax.Array:
     (float32 relative error 1.5e-7 against lgamma's 4.8e-7 over k < 5000).
     """
     table = jnp.asarray(_LOG_FACTORIAL, dtype=k.dtype)
-    small = jnp.take(table, jnp.clip(k, 0, _TABLE_SIZE - 1).astype(jnp.int32))
+    small = _lookup(table, jnp.clip(k, 0, _TABLE_SIZE - 1).astype(jnp.int32))
     n = jnp.maximum(k, _TABLE_SIZE) + 1.0
     r = 1.0 / n
     r2 = r * r

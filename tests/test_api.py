@@ -46,7 +46,8 @@ KERNEL_API = {
     "validation",
 }
 FIT_API = {"FitResult", "FitStatus", "fit", "standard_errors"}  # fusedlp.fit, tested elsewhere
-EXPECTED_ALL = KERNEL_API | FIT_API
+SHARDING_API = {"shard"}  # fusedlp.sharding, tested in test_sharding.py
+EXPECTED_ALL = KERNEL_API | FIT_API | SHARDING_API
 
 
 def test_public_names():
