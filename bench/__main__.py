@@ -4,6 +4,7 @@ Subcommands:
   studies   the five seed studies, one table each, and the headline table (the default)
   kernels   fused kernels vs jax autodiff vs hand-written numba loops, N = 10 .. 1e7
   fit       per-step cost of fusedlp.fit's compiled loop vs a Python loop and one v&g call
+  fuse      fusedlp.fuse-built kernels vs jax autodiff of the same formula, N = 1e3 .. 1e6
   sharding  value-and-gradient sharded over 4 forced CPU devices vs 1 device; GPU throughput
   summary   the README headline table, read from the kernels JSON
 """
@@ -15,7 +16,7 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from bench import fit, kernels, sharding, studies, summary
+    from bench import fit, fuse, kernels, sharding, studies, summary
 
     parser = argparse.ArgumentParser(
         prog="python -m bench",
@@ -45,6 +46,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fit.add_arguments(p)
     p.set_defaults(run=fit.main)
+    p = sub.add_parser(
+        "fuse",
+        help="kernels built with fusedlp.fuse vs jax autodiff of the same formula, and a "
+             "fuse-built normal vs normal_lpdf",
+        description=(fuse.__doc__ or "").strip().splitlines()[0],
+    )
+    fuse.add_arguments(p)
+    p.set_defaults(run=fuse.main)
     p = sub.add_parser(
         "sharding",
         help="sharded (4 forced CPU devices) vs unsharded value-and-gradient; with "

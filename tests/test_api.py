@@ -47,7 +47,10 @@ KERNEL_API = {
 }
 FIT_API = {"FitResult", "FitStatus", "fit", "standard_errors"}  # fusedlp.fit, tested elsewhere
 SHARDING_API = {"shard"}  # fusedlp.sharding, tested in test_sharding.py
-EXPECTED_ALL = KERNEL_API | FIT_API | SHARDING_API
+# fusedlp.fuse and the kernels built with it, tested in test_fuse.py / test_more_kernels.py
+FUSE_API = {"fuse", "student_t_lpdf", "gamma_lpdf", "negative_binomial_lpmf",
+            "bernoulli_logit_lpmf", "binomial_logit_lpmf"}
+EXPECTED_ALL = KERNEL_API | FIT_API | SHARDING_API | FUSE_API
 
 
 def test_public_names():

@@ -1,0 +1,96 @@
+"""Gamma log-density (shape and rate), built with :func:`fusedlp.fuse`."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import jax.scipy.special as jsp
+import numpy as np
+from jax.typing import ArrayLike
+
+from fusedlp import _checks
+from fusedlp._fuse import fuse
+
+# One element, shape alpha, rate beta:
+#
+#   log Gamma(x | alpha, beta) = alpha log(beta) - lgamma(alpha) + (alpha - 1) log(x) - beta x
+#   d/dx     = (alpha - 1) / x - beta
+#   d/dalpha = log(beta) - digamma(alpha) + log(x)
+#   d/dbeta  = alpha / beta - x
+#
+# fuse forms these by forward mode in one pass with the value; with a scalar alpha the
+# lgamma/digamma are scalar work, done once, and log(x) is shared by the value and d/dalpha.
+#
+# Edges: x < 0 and x = +inf are outside the support (-inf, zero partials). x = 0 is the
+# boundary, as in scipy: (alpha - 1) log 0 is -inf for alpha > 1 (value -inf, zero partials),
+# 0 for alpha = 1 (the exponential: value log(beta); d/dbeta = 1/beta, and by the convention
+# below d/dx = -beta and d/dalpha = log(beta) - digamma(1)), +inf for alpha < 1 (value +inf,
+# partials as they come). alpha <= 0, beta <= 0, either non-finite, or NaN anywhere: NaN.
+#
+# Written for XLA:CPU (see fusedlp.fuse): a select *after* the log in the summed expression
+# costs about 4x the select-free sum, a select on the log's input about 1.5x, min/sqrt about
+# nothing. So x is clamped into (0, inf) before the log (the boundary term adds the x = 0
+# values), x < 0 becomes -inf through a minimum with (+-inf), and an invalid parameter adds
+# sqrt(-1) = NaN (a constant of the parameters: no tangent).
+
+
+def _gamma_element(x, shape, rate):
+    a1 = shape - 1.0
+    inside = (x > 0) & (x < jnp.inf)
+    log_x = jnp.log(jnp.where(inside, x, 1.0))  # x = inf: -rate * x gives -inf alone
+    at_zero = jnp.where((x == 0) & (a1 != 0), -jnp.sign(a1) * jnp.inf, 0.0)
+    lp = shape * jnp.log(rate) - jsp.gammaln(shape) + a1 * log_x - rate * x + at_zero
+    lp = jnp.minimum(lp, (2.0 * (x >= 0) - 1.0) * jnp.inf)  # x < 0: -inf (NaN stays NaN)
+    ok = (shape > 0) & (shape < jnp.inf) & (rate > 0) & (rate < jnp.inf)
+    return lp + jax.lax.stop_gradient(jnp.sqrt(jnp.asarray(ok, lp.dtype) - 1.0))
+
+
+_gamma = fuse(_gamma_element, name="gamma_lpdf")
+
+
+def gamma_lpdf(
+    x: ArrayLike,
+    shape: ArrayLike,
+    rate: ArrayLike,
+    *,
+    validate_args: bool | None = None,
+) -> jax.Array:
+    r"""Summed gamma log-density :math:`\sum_i \log \mathrm{Gamma}(x_i \mid \alpha_i, \beta_i)`.
+
+    .. math::
+
+        \log \mathrm{Gamma}(x \mid \alpha, \beta) = \alpha\log\beta - \log\Gamma(\alpha)
+          + (\alpha - 1)\log x - \beta x, \qquad x \ge 0
+
+    Shape and **rate**, as Stan's ``gamma_lpdf`` (scipy: ``gamma.logpdf(x, a=alpha,
+    scale=1/beta)``). Built with :func:`fusedlp.fuse`.
+
+    Args:
+      x: observations, :math:`x \ge 0`.
+      shape: :math:`\alpha > 0`, finite.
+      rate: :math:`\beta > 0`, finite.
+      validate_args: check concrete inputs and raise ``ValueError`` naming the argument and
+        the first offending index (default: the global setting).
+
+    Returns:
+      A scalar. ``-inf`` with a zero gradient for that element if some ``x < 0`` or
+      ``x = inf``; at ``x = 0`` the scipy values (``-inf`` for ``alpha > 1``, ``log(beta)``
+      for ``alpha = 1``, ``+inf`` for ``alpha < 1``). ``NaN`` for an invalid ``shape`` or
+      ``rate`` or NaN anywhere. Empty inputs give ``0.0``.
+
+    Example:
+      >>> import fusedlp
+      >>> round(float(fusedlp.gamma_lpdf(0.0, 1.0, 2.0)), 6)  # exponential at 0: log 2
+      0.693147
+    """
+    if _checks.want_validation(validate_args):
+        fn = "gamma_lpdf"
+        args = {n: _checks.as_real_array(fn, n, v)
+                for n, v in (("x", x), ("shape", shape), ("rate", rate))}
+        _checks.broadcast_shape(fn, **args)
+        _checks.validate(fn, "x", args["x"], lambda a: ~(np.isfinite(a) & (a >= 0)),
+                         "must be finite and >= 0")
+        for name in ("shape", "rate"):
+            _checks.validate(fn, name, args[name], lambda a: ~(np.isfinite(a) & (a > 0)),
+                             "must be finite and > 0")
+    return _gamma(x, shape, rate)
