@@ -72,52 +72,58 @@ def _numba():
 
 
 def variants(c, lam, nb):
-    def stats(lam):
+    """Every route the study times; each takes (λ, c).
+
+    The counts c are an argument of every function, never a constant captured by a closure:
+    XLA would otherwise fold log c! into the compiled program at compile time and the
+    "value" would no longer compute it.
+    """
+
+    def stats(lam, c):
         return jnp.sum(poisson.logpmf(c, lam))
 
-    def fused(lam):
+    def fused(lam, c):
         return fusedlp.poisson_lpmf(c, lam)
 
-    def propto(lam):
+    def propto(lam, c):
         return fusedlp.poisson_lpmf(c, lam, normalized=False)
 
-    def numpyro(lam):
+    def numpyro(lam, c):
         import numpyro.distributions as dist
 
         return jnp.sum(dist.Poisson(lam).log_prob(c))
 
     nb_norm, nb_propto = nb
+    a = (lam, c)
     c_np, lam_np = np.asarray(c), np.asarray(lam)
     vg = jax.value_and_grad
     return [
-        Variant("value", "jax.scipy.stats, value", "value", stats, (lam,)),
-        Variant("grad", "jax.scipy.stats, jax.grad", "gradient", jax.grad(stats), (lam,),
+        Variant("value", "jax.scipy.stats, value", "value", stats, a),
+        Variant("grad", "jax.scipy.stats, jax.grad", "gradient", jax.grad(stats), a, ad=True),
+        Variant("vg", "jax.scipy.stats, value_and_grad", "value_and_gradient", vg(stats), a,
                 ad=True),
-        Variant("vg", "jax.scipy.stats, value_and_grad", "value_and_gradient", vg(stats),
-                (lam,), ad=True),
-        Variant("value_eager", "jax.scipy.stats, value, no jit", "value", stats, (lam,),
-                jit=False),
+        Variant("value_eager", "jax.scipy.stats, value, no jit", "value", stats, a, jit=False),
         Variant("grad_eager", "jax.scipy.stats, jax.grad, no jit", "gradient", jax.grad(stats),
-                (lam,), jit=False, ad=True),
+                a, jit=False, ad=True),
         Variant("numpyro", "NumPyro Poisson.log_prob, jax.grad", "gradient", jax.grad(numpyro),
-                (lam,), ad=True),
-        Variant("fused_value", "fusedlp.poisson_lpmf, value", "value", fused, (lam,)),
-        Variant("fused", "fusedlp.poisson_lpmf, jax.grad", "gradient", jax.grad(fused), (lam,)),
+                a, ad=True),
+        Variant("fused_value", "fusedlp.poisson_lpmf, value", "value", fused, a),
+        Variant("fused", "fusedlp.poisson_lpmf, jax.grad", "gradient", jax.grad(fused), a),
         Variant("fused_vg", "fusedlp.poisson_lpmf, value_and_grad", "value_and_gradient",
-                vg(fused), (lam,)),
+                vg(fused), a),
         Variant("fused_eager", "fusedlp.poisson_lpmf, jax.grad, no jit", "gradient",
-                jax.grad(fused), (lam,), jit=False),
+                jax.grad(fused), a, jit=False),
         Variant("propto_value", "fusedlp.poisson_lpmf normalized=False, value", "value",
-                propto, (lam,)),
+                propto, a),
         Variant("propto", "fusedlp.poisson_lpmf normalized=False, jax.grad", "gradient",
-                jax.grad(propto), (lam,)),
+                jax.grad(propto), a),
         Variant("propto_vg", "fusedlp.poisson_lpmf normalized=False, value_and_grad",
-                "value_and_gradient", vg(propto), (lam,)),
-        Variant("numba_value", "numba loop, value", "value", nb_norm["value"], (lam_np, c_np),
+                "value_and_gradient", vg(propto), a),
+        Variant("numba_value", "numba loop (one thread), value", "value", nb_norm["value"], (lam_np, c_np),
                 jit=False),
-        Variant("numba_vg", "numba loop, value and gradient", "value_and_gradient",
+        Variant("numba_vg", "numba loop (one thread), value and gradient", "value_and_gradient",
                 nb_norm["vg"], (lam_np, c_np), jit=False),
-        Variant("numba_propto_vg", "numba loop, value (no log c!) and gradient",
+        Variant("numba_propto_vg", "numba loop (one thread), value (no log c!) and gradient",
                 "value_and_gradient", nb_propto["vg"], (lam_np, c_np), jit=False),
         floor_variant(lam),
     ]
