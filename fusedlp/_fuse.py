@@ -13,8 +13,10 @@ argument one ``jax.jvp`` of the vmapped function pushes a tangent of ones throug
 the elements are independent, that tangent *is* the column of per-element partials (a
 scalar argument, unbatched under ``vmap``, gets the partial of every element and sums them).
 The ``jvp`` calls repeat the primal computation, but it is the same expression on the same
-inputs and XLA's common-subexpression elimination keeps one copy; the result is one
-elementwise loop that forms the value and all partials together. The alternative, reverse
+inputs and XLA's common-subexpression elimination keeps one copy. How the value, the
+partials and the edge rule are then split into passes over memory is steered by what ``f``
+does per element (plain arithmetic, transcendental functions, its own selects): see
+``_layout`` and ``_fused_fwd``. The alternative, reverse
 mode per element (``vmap(value_and_grad(f))``), traces a backward sweep through every
 ``where`` of ``f``: where the unselected branch has an infinite derivative (``log x`` at
 ``x = 0``, guarded by ``where``), reverse mode multiplies it by a zero cotangent and gets
@@ -88,9 +90,20 @@ def _value(terms: jax.Array, dtype) -> jax.Array:
     return jnp.sum(terms.astype(dtype))
 
 
+def _written_terms(fn, flat):
+    """``fn(*flat)`` formed in a computation of its own (both branches of a lax.cond are the
+    same; the predicate is any data-dependent one), so that it is one elementwise loop that
+    writes the terms, and their sum a plain reduction (see _layout)."""
+    probe = flat[0].reshape(-1)[0]
+    return jax.lax.cond(jnp.isnan(probe), lambda _: fn(*flat), lambda _: fn(*flat), None)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _fused(spec: _Spec, *arrays):
-    fn, flat, _, _ = _elementwise(spec, arrays)
+    fn, flat, shape, batched = _elementwise(spec, arrays)
+    if spec.mode == "jvp" and math.prod(shape) > _SMALL and \
+            _layout(spec, flat, batched)[0] != "cond":
+        return _value(_written_terms(fn, flat), arrays[0].dtype)
     return _value(fn(*flat), arrays[0].dtype)
 
 
@@ -100,50 +113,79 @@ def _edge_rule(v: jax.Array, d: jax.Array) -> jax.Array:
     return jnp.where(v == -jnp.inf, jnp.zeros_like(d), jnp.where(jnp.isnan(v), jnp.nan, d))
 
 
-# Up to this many elements the exact pass (value, partials and the edge rule together) runs
-# directly; above, a lax.cond lets the common case skip the rule (see _fused_fwd). The cond
-# costs a few microseconds (the value's reduction must finish before the partials start);
-# the exact pass costs an elementwise evaluation of f, cheap when f is plain arithmetic of
-# the per-element values (the normal: -z^2/2 - log(scale) with a scalar scale) and several
-# times dearer when it takes a log, exp or lgamma of them (XLA:CPU's elementwise
-# transcendentals in a loop that writes an array are slow). So the threshold depends on f.
+# How the forward rule is laid out above the small sizes depends on what f does per element
+# (measured with bench/fuse.py, jax 0.10.2 on XLA:CPU; see _fused_fwd). XLA:CPU hands a
+# reduction to its fast kernel (YNNPACK) only if its input is select-free; it runs an
+# elementwise loop that writes an array on all cores, fast for arithmetic and slow for a
+# log, exp or lgamma inside a larger loop (standalone, a transcendental op is fast); and a
+# subexpression shared between two fusions is written out as a whole array.
+#
+# * "exact": f selects per element (jnp.where, comparisons, min/max: its own edge verdicts).
+#   Its summed value is then no fast reduction anyway, so one exact pass, value, partials and
+#   edge rule together, at every N (gamma, negative binomial, Bernoulli and binomial logit:
+#   up to 2.2x faster than the conditional layout below).
+# * "columns": f is plain arithmetic per element (the normal with a scalar scale). Above
+#   _SMALL_ARITHMETIC each output is formed in a computation of its own (a lax.cond: XLA
+#   neither fuses nor shares across one): the elementwise values, and per differentiated
+#   argument its column of partials, each one multi-threaded loop, then plain sums.
+# * "cond": f takes transcendental functions per element with arithmetic verdicts (Student
+#   t). Above _SMALL the value is one fast reduction and a lax.cond on its finiteness picks
+#   the partials without the edge rule (the common case) or the exact pass.
+#
+# Up to the thresholds the exact pass runs directly: a lax.cond costs a few microseconds.
 _SMALL = 2048
 _SMALL_ARITHMETIC = 16384
 
-# Primitives that make an elementwise pass "plain arithmetic" (see above).
-_CHEAP = frozenset({
-    "add", "add_any", "sub", "mul", "div", "neg", "abs", "sign", "max", "min", "square",
-    "integer_pow", "select_n", "eq", "ne", "lt", "le", "gt", "ge", "and", "or", "not",
-    "convert_element_type", "broadcast_in_dim", "reshape", "squeeze", "expand_dims",
-    "copy", "copy_p", "is_finite", "floor", "ceil", "round", "stop_gradient",
+# Per-element primitives that keep f "plain arithmetic" (see above).
+_ARITHMETIC = frozenset({
+    "add", "add_any", "sub", "mul", "div", "neg", "abs", "sign", "square", "integer_pow",
+    "convert_element_type", "broadcast_in_dim", "reshape", "squeeze", "expand_dims", "copy",
+    "copy_p", "stop_gradient",
+})
+
+# Per-element primitives that make f "select" (see above).
+_SELECTING = frozenset({
+    "select_n", "eq", "ne", "lt", "le", "gt", "ge", "is_finite", "max", "min", "clamp",
+    "gather", "dynamic_slice", "sort", "argmin", "argmax",
 })
 
 
-def _arithmetic_only(jaxpr, batched) -> bool:
-    """Whether every operation on a per-element (batched) value in ``jaxpr`` is in _CHEAP."""
+def _batched_primitives(jaxpr, batched) -> set[str]:
+    """Names of the primitives in ``jaxpr`` applied to a per-element (batched) value."""
     live = {v for v, b in zip(jaxpr.invars, batched) if b}
+    names: set[str] = set()
     for eqn in jaxpr.eqns:
         ins = [not isinstance(v, jax.extend.core.Literal) and v in live for v in eqn.invars]
         if not any(ins):
             continue
         sub = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
         if sub is not None:
-            sub = getattr(sub, "jaxpr", sub)
-            if not _arithmetic_only(sub, ins):
-                return False
-        elif eqn.primitive.name not in _CHEAP:
-            return False
+            names |= _batched_primitives(getattr(sub, "jaxpr", sub), ins)
+        else:
+            names.add(eqn.primitive.name)
         live.update(eqn.outvars)
-    return True
+    return names
 
 
-def _small_limit(spec: _Spec, flat, batched) -> int:
+def _arithmetic_only(jaxpr, batched) -> bool:
+    """Whether every operation on a per-element (batched) value in ``jaxpr`` is arithmetic."""
+    return _batched_primitives(jaxpr, batched) <= _ARITHMETIC
+
+
+def _layout(spec: _Spec, flat, batched) -> tuple[str, int]:
+    """The forward rule's layout for ``f`` and the size up to which the exact pass runs."""
+    if spec.mode != "jvp":
+        return "cond", _SMALL
     scalars = [jax.ShapeDtypeStruct((), a.dtype) for a in flat]
     try:
-        jaxpr = jax.make_jaxpr(spec.f)(*scalars).jaxpr
+        prims = _batched_primitives(jax.make_jaxpr(spec.f)(*scalars).jaxpr, batched)
     except Exception:  # noqa: BLE001 - a heuristic only; f already traced fine under vmap
-        return _SMALL
-    return _SMALL_ARITHMETIC if _arithmetic_only(jaxpr, batched) else _SMALL
+        return "cond", _SMALL
+    if prims & _SELECTING:
+        return "exact", math.inf
+    if prims <= _ARITHMETIC:
+        return "columns", _SMALL_ARITHMETIC
+    return "cond", _SMALL
 
 
 def _partials(spec: _Spec, fn, flat, batched, idx, with_value: bool):
@@ -174,18 +216,22 @@ def _fold(d, a, batched_i, shape):
 
 
 def _fused_fwd(spec: _Spec, *args):
-    # The value is one reduction of f over the elements. The partials need the edge rule
-    # (zero where f = -inf, NaN where f is NaN), which needs f's value per element *in the
-    # partials' loop*. On XLA:CPU that is expensive whenever f holds a log or lgamma the
-    # partials do not: an elementwise log in a loop that writes an array is several times
-    # slower than the same log inside a reduction (which goes to a vectorised kernel), and
-    # subexpressions shared between the value's reduction and the partials' loop get
-    # materialised as whole arrays. But if the summed value is finite, no element is -inf or
-    # NaN and the rule changes nothing. So (above _SMALL elements) a lax.cond on the finite
-    # value picks the partials alone (jvp tangents, their primal dead) in the common case, and
-    # the exact pass (values, partials, rule) only when the value is -inf, +inf or NaN. The
-    # conditional also keeps XLA from merging the value's reduction with the partials' loop.
-    # Under vmap the predicate is batched and both branches run: correct, just slower.
+    # The partials need the edge rule (zero where f = -inf, NaN where f is NaN), which needs
+    # f's value per element in the partials' loop. Three layouts (_layout; measured in
+    # bench/fuse.py), the exact pass below the size thresholds for all of them:
+    # * "cond" (transcendental f with arithmetic verdicts): the value is one select-free
+    #   reduction, which XLA:CPU runs fast even with a log in it, while a log in a loop that
+    #   writes an array is slow. If the summed value is finite, no element is -inf or NaN and
+    #   the rule changes nothing, so a lax.cond on it picks the partials alone (jvp tangents,
+    #   their primal dead) in the common case, the exact pass only otherwise.
+    # * "columns" (plain arithmetic f): the same conditional per argument, and each output
+    #   (values, each argument's partials) formed in a computation of its own, so that no
+    #   subexpression is shared (and written out) between them; scalar arguments' partials
+    #   are written as a column and summed by a plain reduction, faster than reducing the
+    #   arithmetic in the reduction itself (which runs on one core).
+    # * "exact" (f with its own per-element selects): its value is no fast reduction anyway;
+    #   the single exact pass beat the conditional layouts at every N.
+    # Under vmap the predicates are batched and both branches run: correct, just slower.
     arrays = [a.value for a in args]
     want = [a.perturbed and not nd for a, nd in zip(args, spec.nondiff)]
     dtype = arrays[0].dtype
@@ -204,8 +250,9 @@ def _fused_fwd(spec: _Spec, *args):
     def fast(_):
         if spec.mode == "jvp":
             # One jvp per argument, each from its own copy of the inputs (an optimization
-            # barrier): no subexpression is shared between the partials' loops, so XLA
-            # fuses each into one pass instead of materialising shared intermediates.
+            # barrier), meant to keep the partials' loops from sharing subexpressions. (XLA
+            # may still merge the identical barriers; the "columns" layout separates its
+            # partials with a conditional each instead, which XLA does not look through.)
             ds = {}
             for i in idx:
                 fn_i, flat_i, _, _ = _elementwise(spec, jax.lax.optimization_barrier(arrays))
@@ -214,10 +261,29 @@ def _fused_fwd(spec: _Spec, *args):
         _, ds = _partials(spec, fn, flat, batched, idx, with_value=False)
         return folded(ds)
 
-    if math.prod(shape) <= _small_limit(spec, flat, batched):
+    def column(i, rule):  # one argument's per-element partials, scalar ones not summed
+        def branch(_):
+            v, ds = _partials(spec, fn, flat, batched, [i], with_value=rule)
+            d = _edge_rule(v, ds[i]) if rule else ds[i]
+            return _fold(d, arrays[i], batched[i], shape) if batched[i] else d.astype(dtype)
+        return branch
+
+    layout, limit = _layout(spec, flat, batched)
+    if math.prod(shape) <= limit:
         v, ds = _partials(spec, fn, flat, batched, idx, with_value=True)
         value = _value(v, dtype)
         grads = folded({i: _edge_rule(v, d) for i, d in ds.items()})
+    elif layout == "columns":
+        # Each output in its own computation (the branches of a lax.cond): the elementwise
+        # values (the predicate is any data-dependent one; both branches are the same), then
+        # per argument its partials, exact only if the value is not finite. Scalar
+        # arguments' columns are summed outside, a plain reduction of a written array.
+        value = _value(_written_terms(fn, flat), dtype)
+        finite = jnp.isfinite(value)
+        grads = []
+        for i in idx:
+            d = jax.lax.cond(finite, column(i, False), column(i, True), None)
+            grads.append(d if batched[i] else _fold(d, arrays[i], False, shape))
     else:
         value = _value(fn(*flat), dtype)
         grads = jax.lax.cond(jnp.isfinite(value), fast, exact, None)
@@ -292,18 +358,17 @@ def fuse(
     When it helps, and when it does not (``bench/fuse.py``, 2-core AMD EPYC, float64; see
     the README for the table):
 
-    * It helps when the partials of several arguments share work and the verdicts are
-      arithmetic: ``student_t_lpdf`` (df, loc, scale differentiated) is 1.4-3.4x faster than
-      autodiff of ``jax.scipy.stats.t.logpdf`` from N = 10^4, ``binomial_logit_lpmf``
-      2-3.5x at every N.
-    * It does not help, and can be slower than plain autodiff (down to about 0.3-0.7x at
-      N >= 10^5 in that run), when ``f`` guards transcendental functions with ``jnp.where``
-      *after* computing them, or when XLA:CPU decides to materialise forward-mode
-      intermediates (the fuse-built normal with a differentiated scalar ``scale`` at
-      N >= 10^5). On XLA:CPU a select that follows a ``log``/``exp``/``lgamma`` in the summed
-      expression turns a vectorised reduction into a slow elementwise loop: prefer
-      arithmetic verdicts (``x - x`` is NaN for infinite ``x``; ``min`` with ``+-inf``), or
-      selects on the *inputs* of the transcendental functions.
+    * It helps when the partials of several arguments share work: ``student_t_lpdf``
+      (df, loc, scale differentiated) is 1.1-2.7x faster than autodiff of
+      ``jax.scipy.stats.t.logpdf``, ``binomial_logit_lpmf`` 1.7-3.4x,
+      ``bernoulli_logit_lpmf`` 1.1-1.7x; the negative binomial about 1.1-1.3x from N = 10^4.
+    * It is about even with plain autodiff (0.8-1.0x) where autodiff's own passes are already
+      few and cheap: ``gamma_lpdf`` from N = 10^4, the fuse-built normal with a vector
+      ``loc`` and a scalar ``scale``. How the forward rule is split into passes depends on
+      what ``f`` does per element (plain arithmetic; transcendental functions with
+      arithmetic verdicts; its own selects: see ``_layout``), because XLA:CPU runs a
+      select-free reduction fast, a ``log``/``exp``/``lgamma`` inside a loop that writes an
+      array slowly, and writes out every subexpression two passes share.
     * At N <= 10^3 both are dominated by a few microseconds of call overhead. A hand-written
       rule (like :func:`fusedlp.normal_lpdf`) can still win by using algebra ``fuse``
       cannot see, e.g. summing ``z`` and ``z**2`` once for a scalar ``scale``.

@@ -19,7 +19,7 @@ import pytest
 from jax.test_util import check_grads
 
 import fusedlp
-from fusedlp._fuse import _arithmetic_only
+from fusedlp._fuse import _arithmetic_only, _layout, _Spec
 
 NAN, INF = float("nan"), float("inf")
 HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
@@ -42,7 +42,13 @@ def laplace_element(x, loc, scale):
     return -jnp.abs(x - loc) / scale - jnp.log(2.0 * scale)
 
 
+def cauchy_element(x, loc, scale):
+    z = (x - loc) / scale
+    return -jnp.log1p(z * z) - jnp.log(scale) - math.log(math.pi)
+
+
 fused_normal = fusedlp.fuse(normal_element)
+fused_cauchy = fusedlp.fuse(cauchy_element)
 fused_zip = fusedlp.fuse(zip_element, data=("k",))
 fused_laplace = fusedlp.fuse(laplace_element)
 
@@ -169,16 +175,20 @@ def test_edge_rule_zero_gradient_off_support_nan_for_invalid():
 
 
 @pytest.mark.parametrize("n", [100, 5000, 20000], ids=["small", "mid", "large"])
-@pytest.mark.parametrize("element", ["normal", "laplace"])
+@pytest.mark.parametrize("element", ["normal", "laplace", "cauchy"])
 def test_large_n_paths_agree_with_exact(n, element, rng, tol):
     """Above fuse's size thresholds a lax.cond skips the edge rule when the value is finite.
+
+    (normal and laplace: the "columns" layout, one conditional per argument; cauchy, a log
+    per element: the "cond" layout.)
 
     Both branches must give the exact rule's answer: all finite, and with one off-support
     element (-inf) or one NaN.
     """
     t = tol(np.float64)
     f, elem = {"normal": (fused_normal, normal_element),
-               "laplace": (fused_laplace, laplace_element)}[element]
+               "laplace": (fused_laplace, laplace_element),
+               "cauchy": (fused_cauchy, cauchy_element)}[element]
     x = rng.normal(size=n)
     loc = rng.normal(size=n)
     scale = np.float64(1.3)
@@ -315,3 +325,18 @@ def test_arithmetic_heuristic():
     j = jax.make_jaxpr(normal_element)(*scal).jaxpr
     assert _arithmetic_only(j, [True, True, False])  # log(scale) of a scalar scale
     assert not _arithmetic_only(j, [True, True, True])  # a log per element
+
+
+def test_layouts():
+    """The forward rule's layout follows what f does per element (see fusedlp._fuse)."""
+    def layout(element, batched):
+        flat = [jnp.zeros(3 if b else ()) for b in batched]
+        return _layout(_Spec(element, (False,) * len(batched), "jvp"), flat, batched)[0]
+
+    assert layout(normal_element, [True, True, False]) == "columns"
+    assert layout(laplace_element, [True, True, False]) == "columns"
+    assert layout(normal_element, [True, True, True]) == "cond"  # log(scale) per element
+    assert layout(cauchy_element, [True, True, False]) == "cond"
+    assert layout(zip_element, [True, False, False]) == "exact"  # its own where
+    assert layout(fusedlp.student_t._student_t_element, [True, False, True, False]) == "cond"
+    assert layout(fusedlp.gamma._gamma_element, [True, False, True]) == "exact"
