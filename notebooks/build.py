@@ -105,6 +105,9 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true",
                    help="execute in quick mode (for trying the build; do not commit these)")
     p.add_argument("--no-execute", action="store_true")
+    p.add_argument("--sync-text", action="store_true",
+                   help="only rewrite the markdown cells from _text.py, keeping the code "
+                        "cells and their outputs (for wording fixes after a full run)")
     args = p.parse_args(argv)
     only = args.only.split(",") if args.only else None
     if args.quick:
@@ -116,6 +119,17 @@ def main(argv=None) -> int:
             continue
         nb = build(spec)
         path = os.path.join(HERE, spec["file"])
+        if args.sync_text:
+            old = nbformat.read(path, as_version=4)
+            assert [c.cell_type for c in old.cells] == [c.cell_type for c in nb.cells]
+            for new_cell, old_cell in zip(nb.cells, old.cells):
+                if new_cell.cell_type == "markdown":
+                    old_cell.source = new_cell.source
+                else:
+                    assert old_cell.source == new_cell.source, f"{spec['file']}: code changed"
+            nbformat.write(old, path)
+            print(f"synced the text of {spec['file']}")
+            continue
         if not args.no_execute:
             t0 = time.perf_counter()
             NotebookClient(nb, timeout=1200, kernel_name="python3",
