@@ -30,7 +30,7 @@ def main(args) -> int:
           f"jax {m['jax']} ({m['backend']}), numba {m.get('numba')}; {args.dtype}, median "
           "per call. autodiff = jax.grad of the jax.scipy.stats log-density (for the propto rows "
           "too, i.e. with log k!; the plain formula for EAM); numba = single-thread hand "
-          "loop allocating its gradient. All tables: python -m bench.\n")
+          "loop allocating its gradient. All tables: python -m bench kernels.\n")
     print("| kernel | N | value µs | v&g µs | v&g / value | autodiff v&g µs | autodiff / fused "
           "| numba v&g µs | fused / numba |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")

@@ -14,6 +14,7 @@ import sys
 import time
 from types import ModuleType
 
+from bench._timing import fmt_ratio
 from bench.studies import broadcast, eam, jacobian, normal_ad, poisson
 from bench.studies._core import comparison_table, header, md_table, save_plot, table, us
 
@@ -70,8 +71,8 @@ def headline_table(results: list[dict]) -> str:
                 r["study"], f"{h['n']:,}", us(h["value_s"]),
                 f"{us(h['best_ad_s'])} ({h['best_ad']})",
                 us(h["fused_s"]) if h["fused_s"] else "— (no fusedlp kernel)",
-                f"{h['best_ad_over_value']:.2f}",
-                f"{h['fused_over_value']:.2f}" if h["fused_over_value"] else "—",
+                fmt_ratio(h["best_ad_over_value"]),
+                fmt_ratio(h["fused_over_value"]) if h["fused_over_value"] else "—",
             ])
     return md_table(["study", "n", "value µs", "best AD gradient µs", "fusedlp gradient µs",
                      "best AD / value", "fusedlp / value"], rows, "lrrlrrr")
@@ -86,6 +87,8 @@ def add_arguments(p) -> None:
                    help="write every figure, check and the machine record here "
                         "(default: bench/results/studies.json)")
     p.add_argument("--plots", metavar="DIR", help="write one PNG per study (log-log time vs n)")
+    p.add_argument("--headline-from", metavar="PATH",
+                   help="time nothing: print the headline table (README's) from a saved JSON")
 
 
 def _log(*a) -> None:
@@ -93,6 +96,11 @@ def _log(*a) -> None:
 
 
 def main(args) -> int:
+    if args.headline_from:
+        doc = load(args.headline_from)
+        print(header(doc["machine"]) + (" Quick mode." if doc["quick"] else "") + "\n")
+        print(headline_table(doc["results"]))
+        return 0
     names = args.study or list(STUDIES)
     unknown = [n for n in names if n not in STUDIES]
     if unknown:
