@@ -23,48 +23,15 @@ def build_parser() -> argparse.ArgumentParser:
         description="fusedlp benchmarks. With no subcommand, runs `studies` (every seed study).",
     )
     sub = parser.add_subparsers(dest="command", metavar="SUBCOMMAND")
-    p = sub.add_parser(
-        "studies",
-        help="the five seed studies (../shared/seeds): one markdown table each, the seed's "
-             "ratios beside ours, and the README headline table",
-        description=(studies.__doc__ or "").strip().splitlines()[0],
-    )
-    studies.add_arguments(p)
-    p.set_defaults(run=studies.main)
-    p = sub.add_parser(
-        "kernels",
-        help="time value / gradient / value-and-gradient of every kernel, N = 10 .. 1e7",
-        description=(kernels.__doc__ or "").strip().splitlines()[0],
-    )
-    kernels.add_arguments(p)
-    p.set_defaults(run=kernels.main)
-    p = sub.add_parser(
-        "fit",
-        help="per-step cost of fusedlp.fit at N = 100 and 1e6 vs a Python loop, one v&g "
-             "call and a numba v&g loop",
-        description=(fit.__doc__ or "").strip().splitlines()[0],
-    )
-    fit.add_arguments(p)
-    p.set_defaults(run=fit.main)
-    p = sub.add_parser(
-        "fuse",
-        help="kernels built with fusedlp.fuse vs jax autodiff of the same formula, and a "
-             "fuse-built normal vs normal_lpdf",
-        description=(fuse.__doc__ or "").strip().splitlines()[0],
-    )
-    fuse.add_arguments(p)
-    p.set_defaults(run=fuse.main)
-    p = sub.add_parser(
-        "sharding",
-        help="sharded (4 forced CPU devices) vs unsharded value-and-gradient; with "
-             "--throughput, bandwidth fraction on a GPU",
-        description=(sharding.__doc__ or "").strip().splitlines()[0],
-    )
-    sharding.add_arguments(p)
-    p.set_defaults(run=sharding.main)
-    p = sub.add_parser("summary", help="README headline table from a kernels JSON")
-    summary.add_arguments(p)
-    p.set_defaults(run=summary.main)
+    # each module has add_arguments(parser) and main(args); its docstring's first line is
+    # the subcommand's help
+    commands = {"studies": studies, "kernels": kernels, "fit": fit, "fuse": fuse,
+                "sharding": sharding, "summary": summary}
+    for name, module in commands.items():
+        help_ = (module.__doc__ or name).strip().splitlines()[0]
+        p = sub.add_parser(name, help=help_, description=help_)
+        module.add_arguments(p)
+        p.set_defaults(run=module.main)
     return parser
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections import Counter
 
 import jax
 import jax.extend.core
@@ -12,6 +11,7 @@ import jax.scipy.special as jsp_special
 import jax.scipy.stats as jsp_stats
 import numpy as np
 import pytest
+from _helpers import count_primitives
 
 import fusedlp
 from fusedlp.eam import SEED_DENSITY, SEED_EMBEDDING
@@ -400,22 +400,8 @@ def test_hessian_eam(rng, tol):
 # ============================================================ symbolic zeros (jaxpr)
 
 
-def _count_primitives(jaxpr, counts=None):
-    """Primitive names in a jaxpr, recursing into every sub-jaxpr held in eqn params."""
-    counts = Counter() if counts is None else counts
-    for eqn in jaxpr.eqns:
-        counts[eqn.primitive.name] += 1
-        for value in eqn.params.values():
-            for sub in value if isinstance(value, (list, tuple)) else (value,):
-                if isinstance(sub, jax.extend.core.ClosedJaxpr):
-                    _count_primitives(sub.jaxpr, counts)
-                elif isinstance(sub, jax.extend.core.Jaxpr):
-                    _count_primitives(sub, counts)
-    return counts
-
-
 def _grad_cost(f, argnums, args):
-    counts = _count_primitives(jax.make_jaxpr(jax.grad(f, argnums=argnums))(*args).jaxpr)
+    counts = count_primitives(jax.make_jaxpr(jax.grad(f, argnums=argnums))(*args).jaxpr)
     return counts["reduce_sum"], sum(counts.values()), counts
 
 

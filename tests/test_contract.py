@@ -31,6 +31,7 @@ import numpy as np
 import pytest
 import scipy.special
 import scipy.stats
+from _helpers import assert_close
 from jax.test_util import check_grads
 
 import fusedlp
@@ -60,16 +61,6 @@ def broadcast_grad_mag(terms: Callable, diff: tuple[int, ...], args) -> list[np.
     full = [jnp.broadcast_to(a, shape) for a in args]
     grads = jax.grad(lambda *a: jnp.sum(terms(*a)), argnums=diff)(*full)
     return [sum_to_shape(np.abs(np.asarray(g)), np.shape(args[i])) for g, i in zip(grads, diff)]
-
-
-def assert_close(got, ref, rtol, mag, what=""):
-    """|got - ref| <= rtol * (|ref| + mag), elementwise, and no NaN where the reference has none."""
-    got = np.asarray(got, dtype=np.float64)
-    ref = np.asarray(ref, dtype=np.float64)
-    assert got.shape == ref.shape, (what, got.shape, ref.shape)
-    assert np.all(np.isfinite(ref)), f"test data produced a non-finite reference {what}"
-    np.testing.assert_allclose(got, ref, rtol=rtol, atol=rtol * np.max(mag, initial=0.0),
-                               err_msg=what)
 
 
 # ------------------------------------------------------------------------------- cases

@@ -6,9 +6,10 @@ broadcast arrays, differentiated by ordinary autodiff, and finite differences.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections import Counter
 
+import _helpers
 import chex
 import jax
 import jax.extend.core
@@ -16,10 +17,14 @@ import jax.numpy as jnp
 import jax.scipy.special as jsp
 import numpy as np
 import pytest
+from _helpers import grad_primitive_counts
 from jax.test_util import check_grads
 
 import fusedlp
 from fusedlp._fuse import _arithmetic_only, _layout, _Spec
+
+# edge tests here compare infinities on purpose
+assert_close = functools.partial(_helpers.assert_close, require_finite=False)
 
 NAN, INF = float("nan"), float("inf")
 HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
@@ -60,13 +65,6 @@ def plain_sum(element, *args, **kw):
     return jnp.sum(jax.vmap(lambda *e: element(*e, **kw))(*flat))
 
 
-def assert_close(got, want, rtol, what=""):
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    assert got.shape == want.shape, (what, got.shape, want.shape)
-    scale = np.max(np.abs(want), initial=0.0)
-    np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * scale, err_msg=what)
-
-
 SHAPES = [((), (), ()), ((6,), (), ()), ((3, 4), (4,), ()), ((3, 1), (1, 4), (3, 4)),
           ((), (5,), (5,))]
 
@@ -82,11 +80,11 @@ def test_normal_value_and_grads_against_autodiff(shapes, dtype, rng, tol):
     want_v, want_g = jax.value_and_grad(
         lambda *a: plain_sum(normal_element, *a), argnums=(0, 1, 2))(x64, l64, s64)
     assert value.dtype == dtype and value.shape == ()
-    assert_close(value, want_v, t["value"] * 10, "value")
-    assert_close(fused_normal(x, loc, scale), want_v, t["value"] * 10, "plain call value")
+    assert_close(value, want_v, t["value"] * 10, what="value")
+    assert_close(fused_normal(x, loc, scale), want_v, t["value"] * 10, what="plain call value")
     for a, g, w in zip((x, loc, scale), grads, want_g):
         assert g.shape == a.shape and g.dtype == dtype
-        assert_close(g, w, t["grad"], "grad")
+        assert_close(g, w, t["grad"], what="grad")
 
 
 @pytest.mark.parametrize("shapes", [SHAPES[0], SHAPES[3]], ids=str)
@@ -111,14 +109,14 @@ def test_user_density_against_autodiff_and_hessian(rng, tol):
     v, g = jax.value_and_grad(fused_zip, argnums=(1, 2))(k, rate, pi)
     wv, wg = jax.value_and_grad(lambda r, p: plain_sum(zip_element, k.astype(float), r, p),
                                 argnums=(0, 1))(rate, pi)
-    assert_close(v, wv, t["value"], "value")
+    assert_close(v, wv, t["value"], what="value")
     for a, b in zip(g, wg):
-        assert_close(a, b, t["grad"], "grad")
+        assert_close(a, b, t["grad"], what="grad")
     h = jax.jit(fusedlp.hessian(fused_zip, argnums=(1, 2)))(k, rate, pi)
     wh = jax.hessian(lambda r, p: plain_sum(zip_element, k.astype(float), r, p),
                      argnums=(0, 1))(rate, pi)
     for a, b in zip(jax.tree_util.tree_leaves(h), jax.tree_util.tree_leaves(wh)):
-        assert_close(a, b, t["grad"], "hessian")
+        assert_close(a, b, t["grad"], what="hessian")
 
 
 def test_decorator_forms_defaults_and_static_options(rng, tol):
@@ -206,7 +204,7 @@ def test_large_n_paths_agree_with_exact(n, element, rng, tol):
         elif bad == INF:
             assert v == -INF
             assert dx[n // 2] == 0.0 and dl[n // 2] == 0.0
-            assert_close(ds, ws, t["grad"], "scalar partial skips the off-support element")
+            assert_close(ds, ws, t["grad"], what="scalar partial skips the off-support element")
         else:
             assert np.isnan(v) and np.isnan(dl[n // 2]) and np.isnan(ds)
         assert_close(dx[keep], wx, t["grad"])
@@ -265,30 +263,13 @@ def test_trace_time_errors_name_the_argument():
         fusedlp.fuse(3)
 
 
-def _eqn_count(f, argnums, args):
-    counts = Counter()
-
-    def walk(jaxpr):
-        for eqn in jaxpr.eqns:
-            counts[eqn.primitive.name] += 1
-            for value in eqn.params.values():
-                for sub in value if isinstance(value, (list, tuple)) else (value,):
-                    if isinstance(sub, jax.extend.core.ClosedJaxpr):
-                        walk(sub.jaxpr)
-                    elif isinstance(sub, jax.extend.core.Jaxpr):
-                        walk(sub)
-
-    walk(jax.make_jaxpr(jax.grad(f, argnums=argnums))(*args).jaxpr)
-    return counts
-
-
 @pytest.mark.parametrize("n", [12, 20000], ids=["exact-path", "cond-path"])
 def test_undifferentiated_arguments_cost_nothing(n):
     """symbolic_zeros: differentiating fewer arguments traces fewer partials (jvps)."""
     args = (np.ones(n), np.zeros(n), np.float64(2.0))
-    every = _eqn_count(fused_laplace, (0, 1, 2), args)
+    every = grad_primitive_counts(fused_laplace, (0, 1, 2), args)
     for subset in [(0,), (1,), (2,), (1, 2)]:
-        some = _eqn_count(fused_laplace, subset, args)
+        some = grad_primitive_counts(fused_laplace, subset, args)
         assert sum(some.values()) < sum(every.values()), subset
         assert some["reduce_sum"] <= every["reduce_sum"], subset
 

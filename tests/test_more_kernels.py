@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections import Counter
 from collections.abc import Callable
 
 import chex
@@ -24,6 +23,7 @@ import numpy as np
 import pytest
 import scipy.special as sps
 import scipy.stats as ss
+from _helpers import assert_close, grad_primitive_counts
 from jax.test_util import check_grads
 
 import fusedlp
@@ -34,14 +34,6 @@ NAN, INF = float("nan"), float("inf")
 def as64(a):
     a = np.asarray(a)
     return a.astype(np.float64) if np.issubdtype(a.dtype, np.floating) else a
-
-
-def assert_close(got, ref, rtol, mag, what=""):
-    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
-    assert got.shape == ref.shape, (what, got.shape, ref.shape)
-    assert np.all(np.isfinite(ref)), f"non-finite reference {what}"
-    np.testing.assert_allclose(got, ref, rtol=rtol, atol=rtol * np.max(mag, initial=0.0),
-                               err_msg=what)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -460,20 +452,7 @@ def test_trace_time_errors_name_the_argument():
 
 
 def _counts_of(f, argnums, args):
-    counts = Counter()
-
-    def walk(jaxpr):
-        for eqn in jaxpr.eqns:
-            counts[eqn.primitive.name] += 1
-            for value in eqn.params.values():
-                for sub in value if isinstance(value, (list, tuple)) else (value,):
-                    if isinstance(sub, jax.extend.core.ClosedJaxpr):
-                        walk(sub.jaxpr)
-                    elif isinstance(sub, jax.extend.core.Jaxpr):
-                        walk(sub)
-
-    walk(jax.make_jaxpr(jax.grad(f, argnums=argnums))(*args).jaxpr)
-    return sum(counts.values())
+    return sum(grad_primitive_counts(f, argnums, args).values())
 
 
 def test_undifferentiated_arguments_cost_nothing():
