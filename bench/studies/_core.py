@@ -23,9 +23,6 @@ import numpy as np
 from bench import _timing
 from bench._timing import fmt_ratio, fmt_sig, fmt_us
 
-# Kinds of variant, in table order. "value" is the denominator of every ratio.
-KINDS = ("value", "gradient", "value_and_gradient", "jacobian", "overhead")
-
 
 def floor_variant(x) -> Variant:
     """A jitted call that does no work on ``x`` (returns its first element): the fixed cost of
@@ -47,7 +44,8 @@ class Variant:
 
     name: str
     label: str
-    kind: str
+    kind: str  # value | gradient | value_and_gradient | jacobian | overhead; the first
+    #            "value" variant of a Study.time call is the denominator of its ratios
     fn: Callable
     args: tuple
     jit: bool = True
