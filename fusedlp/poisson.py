@@ -70,27 +70,39 @@ def _log_factorial(k: jax.Array) -> jax.Array:
     return jnp.where(k < _TABLE_SIZE, small, large)
 
 
-def _in_support(k):
+def _in_support(k, integer_k=False):
+    if integer_k:  # cast from an integer dtype: whole and finite by construction
+        return k >= 0
     return (k >= 0) & (k == jnp.floor(k)) & jnp.isfinite(k)
 
 
-def _finish(terms, k, param_ok, normalized):
+def _usable(param_ok, k, integer_k):
+    """Parameter verdict and no NaN count (a count cast from integers is never NaN).
+
+    For integer counts the redundant checks are left out, not left to XLA: it does not prove
+    floor(float(k)) == float(k), and those per-element tests cost the gradient-only pass
+    about 1.8x at N = 10^6 (bench: poisson_lpmf gradient vs jax.grad of jax.scipy.stats).
+    """
+    return param_ok if integer_k else param_ok & ~jnp.isnan(k)
+
+
+def _finish(terms, k, param_ok, normalized, integer_k=False):
     """Apply support/parameter verdicts elementwise and drop or subtract log k!."""
-    kok = _in_support(k)
+    kok = _in_support(k, integer_k)
     if normalized:
         terms = terms - jnp.where(kok, _log_factorial(jnp.where(kok, k, 0.0)), 0.0)
     terms = jnp.where(kok, terms, -jnp.inf)
-    return jnp.where(param_ok & ~jnp.isnan(k), terms, jnp.nan), kok
+    return jnp.where(_usable(param_ok, k, integer_k), terms, jnp.nan), kok
 
 
-def _fold_partial(d, kok, param_ok, k, shape, param_shape):
+def _fold_partial(d, kok, param_ok, k, shape, param_shape, integer_k=False):
     """The edges of `_finish`, applied to a partial, folded back to the parameter's shape.
 
     Zero off the support (k is data there, not a parameter), NaN for an invalid parameter
     or a NaN count.
     """
     d = jnp.where(kok, d, 0.0)
-    d = jnp.where(param_ok & ~jnp.isnan(k), d, jnp.nan)
+    d = jnp.where(_usable(param_ok, k, integer_k), d, jnp.nan)
     return sum_to_shape(jnp.broadcast_to(d, shape), param_shape)
 
 
@@ -107,10 +119,10 @@ def _rate_ok(rate):
     return (rate >= 0) & jnp.isfinite(rate)  # no inf constant: see _poisson_propto_int_sum
 
 
-def _poisson_terms(normalized, k, rate):
+def _poisson_terms(normalized, k, rate, integer_k=False):
     # k log(lam) with 0 log 0 = 0; at lam = 0, k > 0 this is -inf, as it should be.
     klog = jnp.where(k == 0, 0.0, k * jnp.log(rate))
-    return _finish(klog - rate, k, _rate_ok(rate), normalized)
+    return _finish(klog - rate, k, _rate_ok(rate), normalized, integer_k)
 
 
 def _poisson_propto_int_sum(k, rate):
@@ -136,7 +148,7 @@ def _poisson_propto_int_sum(k, rate):
 def _poisson_value(normalized, integer_k, k, rate):
     if integer_k and not normalized:
         return _poisson_propto_int_sum(k, rate)
-    return jnp.sum(_poisson_terms(normalized, k, rate)[0])
+    return jnp.sum(_poisson_terms(normalized, k, rate, integer_k)[0])
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0, 1))
@@ -153,7 +165,8 @@ def _poisson_fwd(normalized, integer_k, k, rate):
         shape = jnp.broadcast_shapes(kv.shape, rv.shape)
         safe = jnp.where(kv == 0, 1.0, rv)
         d = jnp.where(kv == 0, -1.0, kv / safe - 1.0)
-        drate = _fold_partial(d, _in_support(kv), _rate_ok(rv), kv, shape, rv.shape)
+        drate = _fold_partial(d, _in_support(kv, integer_k), _rate_ok(rv), kv, shape,
+                              rv.shape, integer_k)
     return value, drate
 
 
@@ -166,24 +179,25 @@ def _log_rate_ok(log_rate):
     return log_rate < jnp.inf  # False for +inf and NaN; -inf (rate 0) is allowed
 
 
-def _poisson_log_terms(normalized, k, log_rate, rate):
+def _poisson_log_terms(normalized, integer_k, k, log_rate, rate):
     keta = jnp.where(k == 0, 0.0, k * log_rate)  # 0 * (-inf) = 0 at the boundary
-    return _finish(keta - rate, k, _log_rate_ok(log_rate), normalized)
+    return _finish(keta - rate, k, _log_rate_ok(log_rate), normalized, integer_k)
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _poisson_log(normalized, k, log_rate):
-    terms, _ = _poisson_log_terms(normalized, k, log_rate, jnp.exp(log_rate))
+@partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _poisson_log(normalized, integer_k, k, log_rate):
+    terms, _ = _poisson_log_terms(normalized, integer_k, k, log_rate, jnp.exp(log_rate))
     return jnp.sum(terms)
 
 
-def _poisson_log_fwd(normalized, k, log_rate):
+def _poisson_log_fwd(normalized, integer_k, k, log_rate):
     kv, ev = k.value, log_rate.value
     rate = jnp.exp(ev)  # computed once: the value and the partial both use it
-    terms, kok = _poisson_log_terms(normalized, kv, ev, rate)
+    terms, kok = _poisson_log_terms(normalized, integer_k, kv, ev, rate)
     deta = None
     if log_rate.perturbed:
-        deta = _fold_partial(kv - rate, kok, _log_rate_ok(ev), kv, terms.shape, ev.shape)
+        deta = _fold_partial(kv - rate, kok, _log_rate_ok(ev), kv, terms.shape, ev.shape,
+                             integer_k)
     return jnp.sum(terms), deta
 
 
@@ -281,8 +295,8 @@ def poisson_log_lpmf(
       >>> jax.grad(fusedlp.poisson_log_lpmf, argnums=1)(3, 0.0)  # 3 - e^0
       Array(2., dtype=float32, weak_type=True)
     """
-    k, log_rate, _ = _prepare(
+    k, log_rate, integer_k = _prepare(
         "poisson_log_lpmf", k, "log_rate", log_rate, validate_args,
         lambda a: ~(a < np.inf), "must be < +inf and not NaN",
     )
-    return _poisson_log(bool(normalized), k, log_rate)
+    return _poisson_log(bool(normalized), integer_k, k, log_rate)
