@@ -445,6 +445,8 @@ def _check(case: Case, dt, n, outputs: dict, ref_value: float, ref_grad: np.ndar
     for name, out in outputs.items():
         impl, kind = name.split(".")
         v, g = _split(out, kind)
+        if impl == "floor":  # theta * 2, not a gradient
+            g = None
         e = {}
         if v is not None:
             ref = ref_value + offsets.get(impl, 0.0)
@@ -497,6 +499,21 @@ def _jax_variants(fn, args):
     return out
 
 
+def _floor_variant(fn, args):
+    """The fused value plus one elementwise pass that writes an array of the gradient's size.
+
+    No value-and-gradient can be cheaper than this on XLA:CPU, which runs a reduction and an
+    elementwise output as separate loops (and pays for a fresh output array's pages): the
+    yardstick for the "v&g <= 1.3 x value" target. Its second output (theta * 2) is not a
+    gradient and is not checked; its value is.
+    """
+    def floor(theta, *consts):
+        return fn(theta, *consts), theta * 2.0
+
+    jitted, lower_s, compile_s = _timing.aot_compile(floor, *args)
+    return {"vg": (jitted, {"lower_s": lower_s, "compile_s": compile_s})}
+
+
 def bench_one(case: Case, dtype: str, n: int, cfg: Config) -> dict:
     import jax.numpy as jnp
 
@@ -510,6 +527,7 @@ def bench_one(case: Case, dtype: str, n: int, cfg: Config) -> dict:
 
     impls: dict[str, dict[str, tuple[Callable, dict]]] = {}
     impls["fused"] = _jax_variants(case.make_fused(dt), jargs)
+    impls["floor"] = _floor_variant(case.make_fused(dt), jargs)
     offsets = {}
     for b in case.baselines(dt):
         impls[b.key] = _jax_variants(b.fn, jargs)
@@ -565,6 +583,7 @@ def bench_one(case: Case, dtype: str, n: int, cfg: Config) -> dict:
         "fused_vg_over_value": med["fused.vg"] / med["fused.value"],
         "fused_vg_over_numba_vg": med["fused.vg"] / med["numba.vg"],
         "fused_value_over_numba_value": med["fused.value"] / med["numba.value"],
+        "floor_vg_over_value": med["floor.vg"] / med["fused.value"],
     }
     for b in case.baseline_keys:
         for kind in KINDS:
@@ -585,7 +604,8 @@ def _row(r: dict) -> list[str]:
     med = lambda name: v[name]["median"]  # noqa: E731
     cells = [f"10^{round(math.log10(r['n']))}" if r["n"] >= 10 else str(r["n"]),
              fmt_us(med("fused.value")), fmt_us(med("fused.grad")), fmt_us(med("fused.vg")),
-             fmt_ratio(r["ratios"]["fused_vg_over_value"])]
+             fmt_ratio(r["ratios"]["fused_vg_over_value"]),
+             fmt_ratio(r["ratios"].get("floor_vg_over_value"))]
     for b in r["baselines"]:
         cells += [fmt_us(med(f"{b}.vg")), fmt_ratio(r["ratios"][f"{b}_vg_over_fused_vg"])]
     cells += [fmt_us(med("numba.vg")), fmt_ratio(r["ratios"]["fused_vg_over_numba_vg"])]
@@ -609,7 +629,7 @@ def tables(results: list[dict], cases: list[Case]) -> str:
                       key=lambda r: r["n"])
         case = by_case[ck]
         baselines = {b.key: b.what for b in case.baselines(np.dtype(dtype))}
-        header = ["N", "value µs", "grad µs", "v&g µs", "v&g/value"]
+        header = ["N", "value µs", "grad µs", "v&g µs", "v&g/value", "floor/value"]
         for i, b in enumerate(rows[0]["baselines"]):
             tag = f"autodiff[{b}]"
             header += [f"{tag} v&g µs", f"{tag}/fused"]
@@ -619,7 +639,11 @@ def tables(results: list[dict], cases: list[Case]) -> str:
         for b, what in baselines.items():
             out.append(f"autodiff[{b}] = {what}.  ")
         out.append("numba = single-thread @njit(fastmath=True) loop, "
-                   "gradient allocated per call.\n")
+                   "gradient allocated per call.  ")
+        out.append("floor = the fused value plus one elementwise pass writing an array of "
+                   "the gradient's size (theta * 2), jitted together: a lower bound for a "
+                   "value-and-gradient on XLA:CPU, which runs the value's reduction and an "
+                   "elementwise output as separate loops.\n")
         out.append(_md(header, [_row(r) for r in rows]))
         out.append("")
     # compile times: median over sizes (they hardly depend on N)
@@ -654,13 +678,15 @@ def evaluate_targets(results: list[dict], dtype: str = "float64") -> list[dict]:
     # 1. v&g <= 1.3 x value at N >= 10^4, every fused kernel
     m = [(r["case"], r["n"], r["ratios"]["fused_vg_over_value"]) for r in rs if r["n"] >= 10**4]
     if m:
+        floor = {(r["case"], r["n"]): r["ratios"]["floor_vg_over_value"] for r in rs}
         bad = [x for x in m if x[2] > 1.3]
         worst = max(m, key=lambda x: x[2])
         add("fused v&g <= 1.3 x fused value, N >= 1e4", not bad,
             f"worst {worst[0]} N={worst[1]:.0e}: {worst[2]:.3g}"
-            + (f"; over 1.3: {', '.join(f'{c} {n:.0e} ({x:.3g})' for c, n, x in bad)}"
-               if bad else ""),
-            [{"case": c, "n": n, "ratio": x} for c, n, x in m])
+            + ("; over 1.3 (floor = value + one N-array write, same run): "
+               + ", ".join(f"{c} {n:.0e} ({x:.3g}, floor {floor[c, n]:.3g})"
+                           for c, n, x in bad) if bad else ""),
+            [{"case": c, "n": n, "ratio": x, "floor": floor[c, n]} for c, n, x in m])
     # 2. fused never slower than jax autodiff (every baseline, value / grad / v&g)
     m = []
     for r in rs:

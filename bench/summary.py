@@ -31,9 +31,9 @@ def main(args) -> int:
           "per call. autodiff = jax.grad of the jax.scipy.stats log-density (for the propto rows "
           "too, i.e. with log k!; the plain formula for EAM); numba = single-thread hand "
           "loop allocating its gradient. All tables: python -m bench kernels.\n")
-    print("| kernel | N | value µs | v&g µs | v&g / value | autodiff v&g µs | autodiff / fused "
-          "| numba v&g µs | fused / numba |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| kernel | N | value µs | v&g µs | v&g / value | floor / value | autodiff v&g µs "
+          "| autodiff / fused | numba v&g µs | fused / numba |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in doc["results"]:
         if r["dtype"] != args.dtype or r["n"] not in SIZES:
             continue
@@ -43,6 +43,7 @@ def main(args) -> int:
         decade = len(str(r["n"])) - 1
         print(f"| `{r['kernel']}` | 10^{decade} | {fmt_us(v['fused.value']['median'])} "
               f"| {fmt_us(v['fused.vg']['median'])} | {fmt_ratio(q['fused_vg_over_value'])} "
+              f"| {fmt_ratio(q.get('floor_vg_over_value'))} "
               f"| {fmt_us(v[base + '.vg']['median'])} "
               f"| {fmt_ratio(q[base + '_vg_over_fused_vg'])} "
               f"| {fmt_us(v['numba.vg']['median'])} | {fmt_ratio(q['fused_vg_over_numba_vg'])} |")
