@@ -80,8 +80,8 @@ def _usable(param_ok, k, integer_k):
     """Parameter verdict and no NaN count (a count cast from integers is never NaN).
 
     For integer counts the redundant checks are left out, not left to XLA: it does not prove
-    floor(float(k)) == float(k), and those per-element tests cost the gradient-only pass
-    about 1.8x at N = 10^6 (bench: poisson_lpmf gradient vs jax.grad of jax.scipy.stats).
+    floor(float(k)) == float(k), and those per-element tests made the gradient-only pass at
+    N = 10^6 take 570 us instead of 345 us (measured on the 2-core CPU of README's tables).
     """
     return param_ok if integer_k else param_ok & ~jnp.isnan(k)
 
