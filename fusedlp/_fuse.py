@@ -82,20 +82,55 @@ def _elementwise(spec: _Spec, arrays: Sequence[jax.Array]):
         batched = [True] * len(arrays)
     flat = [jnp.broadcast_to(a, shape).reshape(n) if b else a.reshape(()) for a, b in
             zip(arrays, batched)]
+    return _mapped(spec, flat, batched), flat, shape, batched
+
+
+def _mapped(spec: _Spec, flat, batched, written: bool = False):
+    """``vmap(f)`` for ``flat`` (see _elementwise), formed by _written_terms if ``written``."""
     fn = jax.vmap(spec.f, in_axes=tuple(0 if b else None for b in batched))
-    return fn, flat, shape, batched
+    if written:
+        fn = _written_terms(fn)
+    split = _explicit_split(flat, batched)
+    if split is not None:
+        # On Explicit mesh axes jax infers every op's output sharding, but under vmap f's ops
+        # see one element: a table lookup in f (log k!) becomes a gather from a replicated
+        # table by sharded indices, whose sharding jax cannot infer, and it refuses to trace
+        # (nor can _written_terms take one element of a sharded array). Each device runs
+        # f's vmap on its own block instead (shard_map, which unlike auto_axes also
+        # transposes, as fusedlp.hessian needs).
+        mesh, axes = split
+        block, whole = jax.sharding.PartitionSpec(axes), jax.sharding.PartitionSpec()
+        fn = jax.shard_map(fn, mesh=mesh, in_specs=tuple(block if b else whole for b in batched),
+                           out_specs=block, axis_names=set(jax.tree.leaves(axes)))
+    return fn
+
+
+def _explicit_split(flat, batched):
+    """``(mesh, axes)`` if Explicit mesh axes split the flattened elements, else None (one
+    device, Auto axes, replicated elements: f's vmap is used as it is)."""
+    if not (hasattr(jax, "typeof") and hasattr(jax, "shard_map")):
+        return None
+    for a, b in zip(flat, batched):
+        sharding = getattr(jax.typeof(a), "sharding", None) if b else None
+        spec = getattr(sharding, "spec", None)
+        if spec and spec[0] is not None and set(jax.tree.leaves(spec[0])) & set(
+                getattr(sharding.mesh, "explicit_axes", ())):
+            return sharding.mesh, spec[0]
+    return None
 
 
 def _value(terms: jax.Array, dtype) -> jax.Array:
     return jnp.sum(terms.astype(dtype))
 
 
-def _written_terms(fn, flat):
-    """``fn(*flat)`` formed in a computation of its own (both branches of a lax.cond are the
-    same; the predicate is any data-dependent one), so that it is one elementwise loop that
-    writes the terms, and their sum a plain reduction (see _layout)."""
-    probe = flat[0].reshape(-1)[0]
-    return jax.lax.cond(jnp.isnan(probe), lambda _: fn(*flat), lambda _: fn(*flat), None)
+def _written_terms(fn):
+    """``fn`` formed in a computation of its own (both branches of a lax.cond are the same;
+    the predicate is any data-dependent one), so that it is one elementwise loop that writes
+    the terms, and their sum a plain reduction (see _layout)."""
+    def written(*flat):
+        probe = flat[0].reshape(-1)[0]
+        return jax.lax.cond(jnp.isnan(probe), lambda _: fn(*flat), lambda _: fn(*flat), None)
+    return written
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -103,7 +138,7 @@ def _fused(spec: _Spec, *arrays):
     fn, flat, shape, batched = _elementwise(spec, arrays)
     if spec.mode == "jvp" and math.prod(shape) > _SMALL and \
             _layout(spec, flat, batched)[0] != "cond":
-        return _value(_written_terms(fn, flat), arrays[0].dtype)
+        return _value(_mapped(spec, flat, batched, written=True)(*flat), arrays[0].dtype)
     return _value(fn(*flat), arrays[0].dtype)
 
 
@@ -278,7 +313,7 @@ def _fused_fwd(spec: _Spec, *args):
         # values (the predicate is any data-dependent one; both branches are the same), then
         # per argument its partials, exact only if the value is not finite. Scalar
         # arguments' columns are summed outside, a plain reduction of a written array.
-        value = _value(_written_terms(fn, flat), dtype)
+        value = _value(_mapped(spec, flat, batched, written=True)(*flat), dtype)
         finite = jnp.isfinite(value)
         grads = []
         for i in idx:
@@ -335,7 +370,9 @@ def fuse(
     argument's own shape and dtype (a scalar parameter gets a scalar), trace-time errors
     naming the argument, empty inputs give ``0.0``. It composes with ``jit``, ``vmap``,
     ``grad`` and :func:`fusedlp.hessian` (reverse over reverse; ``jax.hessian`` and
-    ``jax.jvp`` do not work on any ``custom_vjp`` function).
+    ``jax.jvp`` do not work on any ``custom_vjp`` function), and with data sharded over a
+    mesh, ``Auto`` or ``Explicit`` axes (on ``Explicit`` ones each device runs ``f``'s
+    ``vmap`` on its own block: ``shard_map``).
 
     The ``custom_vjp`` forward rule computes the value and the per-element partials of every
     *differentiated* argument in one pass (forward mode per element, ``vmap``-ed: one

@@ -40,8 +40,9 @@ def _lookup(table: jax.Array, idx: jax.Array) -> jax.Array:
 
     Under a mesh with Explicit axes (``jax.make_mesh``'s default) a gather from a replicated
     table with sharded indices has no unambiguous output sharding and jax refuses to trace
-    it; there the indices' sharding is named. Elsewhere (one device, Auto axes) the spec
-    carries no mesh axis and this is the plain ``jnp.take``.
+    it; there the indices' sharding is named. Elsewhere (one device, Auto axes, one device's
+    block in fuse's shard_map) the spec carries no mesh axis and this is the plain
+    ``jnp.take``.
     """
     sharding = getattr(jax.typeof(idx), "sharding", None) if hasattr(jax, "typeof") else None
     if sharding is not None and any(axis is not None for axis in sharding.spec):

@@ -109,8 +109,11 @@ def _data(n: int, dtype):
     sites = n // 8 if n % 8 == 0 else n  # eam: (sites, 8 neighbours)
     r = rng.uniform(0.1, 2.0, (sites, 8)).astype(dt)
     mask = rng.uniform(size=(sites, 8)) < 0.8
+    trials = k + rng.integers(0, 4, n).astype(np.int32)  # drawn last: the rest is unchanged
     return {"x": x, "eta": eta, "k": k, "rate": np.exp(eta).astype(dt), "r": r, "mask": mask,
-            "loc": dt(0.3), "scale": dt(1.2), "A": dt(0.05), "beta": dt(3.0)}
+            "loc": dt(0.3), "scale": dt(1.2), "A": dt(0.05), "beta": dt(3.0),
+            "trials": trials, "y": (k > 1).astype(np.int32), "df": dt(4.0),
+            "concentration": dt(2.5), "alpha": dt(2.0)}
 
 
 def kernel_cases():
@@ -177,6 +180,22 @@ def kernel_cases():
     }
 
 
+def fused_kernel_cases():
+    """The kernels built with fusedlp.fuse (its vmap over the elements; log k! a table
+    lookup in negative_binomial and binomial): name -> (f, keys, argnums), unpadded only."""
+    return {
+        "negative_binomial_lpmf d/dmean,dconcentration":
+            (fusedlp.negative_binomial_lpmf, ("k", "rate", "concentration"), (1, 2)),
+        "negative_binomial_lpmf(array concentration) d/dmean,dconcentration":
+            (fusedlp.negative_binomial_lpmf, ("k", "rate", "rate"), (1, 2)),
+        "binomial_logit_lpmf d/dlogit": (fusedlp.binomial_logit_lpmf, ("k", "trials", "eta"), (2,)),
+        "bernoulli_logit_lpmf d/dlogit": (fusedlp.bernoulli_logit_lpmf, ("y", "eta"), (1,)),
+        "student_t_lpdf d/dx,ddf,dloc,dscale":
+            (fusedlp.student_t_lpdf, ("x", "df", "loc", "scale"), (0, 1, 2, 3)),
+        "gamma_lpdf d/dx,dshape,drate": (fusedlp.gamma_lpdf, ("rate", "alpha", "beta"), (0, 1, 2)),
+    }
+
+
 def magnitude(fn, args, argnums) -> tuple[float, list[float]]:
     """Sum over observations of |term|, for the value and for each scalar's partial.
 
@@ -237,6 +256,21 @@ def check_kernel(name, fn, keys, argnums, n, dtype, mesh, pad):
     hlo_v = assert_reduces_without_gather(jax.jit(fn), *sharded_args)
     return (f"value {float(got_v):.10g} (unsharded {float(want_v):.10g}); "
             f"HLO value: {hlo_v}; value-and-grad: {hlo_vg}")
+
+
+def check_fused_hessian(mesh):
+    """fuse's rules transpose too on an Explicit mesh: fusedlp.hessian (reverse over reverse)
+    of a fuse-built kernel in its scalar parameters, sharded against unsharded."""
+    d = _data(400, np.float64)
+
+    def f(theta, k, mean):
+        return fusedlp.negative_binomial_lpmf(k, theta[0] * mean, theta[1])
+
+    theta = np.array([1.1, 2.5])
+    want = fusedlp.hessian(f)(theta, d["k"], d["rate"])
+    got = jax.jit(fusedlp.hessian(f))(theta, *shard((d["k"], d["rate"]), mesh))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-10)
+    return f"hessian {np.asarray(got).tolist()}"
 
 
 def check_eager_grad_sharding(mesh):
@@ -439,11 +473,16 @@ def main() -> int:
                 label = f"{name} {np.dtype(dtype).name} N={n}{' padded' if pad else ''}"
                 record("kernels", label)(check_kernel, name, fn, keys, argnums, n, dtype,
                                          auto, pad)
-    for name, (fn, keys, argnums) in kernel_cases().items():
+    for name, (fn, keys, argnums) in fused_kernel_cases().items():
+        record("kernels", f"{name} float64 N={N_EVEN}")(
+            check_kernel, name, fn, keys, argnums, N_EVEN, np.float64, auto, False)
+    for name, (fn, keys, argnums) in (kernel_cases() | fused_kernel_cases()).items():
         label = f"{name} float64 N={N_EVEN} Explicit mesh"
         record("explicit", label)(
             lambda *a: _in_mesh(explicit, check_kernel, *a), name, fn, keys, argnums, N_EVEN,
             np.float64, explicit, False)
+    record("explicit", "fusedlp.hessian of negative_binomial_lpmf, Explicit mesh")(
+        _in_mesh, explicit, check_fused_hessian, explicit)
     record("cotangents", "eager grad keeps the input's sharding")(
         check_eager_grad_sharding, auto)
     record("hlo", "the HLO check fails on a program that gathers")(

@@ -6,9 +6,11 @@ with ``XLA_FLAGS=--xla_force_host_platform_device_count=4``. It runs once per se
 reports every check as JSON; each test below asserts one group of them:
 
 * kernels: value and gradient of every kernel, sharded against unsharded, float64 and
-  float32, N divisible by 4 and N padded by ``fusedlp.shard(..., pad=True)``, with the
-  cotangents' shardings and the compiled HLO (an all-reduce of scalars, no all-gather);
-* explicit: the same on a mesh with Explicit axes (``jax.make_mesh``'s default);
+  float32, N divisible by 4 and N padded by ``fusedlp.shard(..., pad=True)`` (the kernels
+  built with ``fusedlp.fuse``: float64, N divisible by 4), with the cotangents' shardings
+  and the compiled HLO (an all-reduce of scalars, no all-gather);
+* explicit: the same, float64, on a mesh with Explicit axes (``jax.make_mesh``'s default),
+  and ``fusedlp.hessian`` of a fuse-built kernel there;
 * fit: a sharded Poisson regression equals the unsharded one, step for step;
 * hlo: the HLO check itself fails on a program that gathers the data (a mutation check);
 * helper, cotangents: ``fusedlp.shard``'s padding, mask and errors; eager gradients.
