@@ -61,14 +61,32 @@ def _log_factorial(k: jax.Array) -> jax.Array:
     one division per element: about 5x cheaper than XLA's lgamma here, and more accurate
     (float32 relative error 1.5e-7 against lgamma's 4.8e-7 over k < 5000).
     """
-    table = jnp.asarray(_LOG_FACTORIAL, dtype=k.dtype)
-    small = _lookup(table, jnp.clip(k, 0, _TABLE_SIZE - 1).astype(jnp.int32))
+    small = _table_log_factorial(k)
     n = jnp.maximum(k, _TABLE_SIZE) + 1.0
     r = 1.0 / n
     r2 = r * r
     series = r * (1 / 12 - r2 * (1 / 360 - r2 * (1 / 1260 - r2 * (1 / 1680))))
     large = (n - 0.5) * jnp.log(n) - n + _HALF_LOG_2PI + series
     return jnp.where(k < _TABLE_SIZE, small, large)
+
+
+def _table_log_factorial(k: jax.Array) -> jax.Array:
+    """log k! from the table, for k < 32 (larger k read the last entry)."""
+    table = jnp.asarray(_LOG_FACTORIAL, dtype=k.dtype)
+    return _lookup(table, jnp.clip(k, 0, _TABLE_SIZE - 1).astype(jnp.int32))
+
+
+def _log_factorial_array(k: jax.Array) -> jax.Array:
+    """``_log_factorial`` of a whole array, skipping Stirling's series when no count needs it.
+
+    Count data are mostly small: when every k is below 32 (one max over k) the table alone
+    is the exact answer, and the log and the division of the series, computed for every
+    element and then selected away, are most of the cost (at N = 10^6 the sum of log k! took
+    0.77 ms this way against 3.1 ms). Under vmap the cond becomes a select of both: the same
+    values, at the old cost.
+    """
+    few = jnp.max(k, initial=0) < _TABLE_SIZE
+    return jax.lax.cond(few, _table_log_factorial, _log_factorial, k)
 
 
 def _in_support(k, integer_k=False):
@@ -91,7 +109,7 @@ def _finish(terms, k, param_ok, normalized, integer_k=False):
     """Apply support/parameter verdicts elementwise and drop or subtract log k!."""
     kok = _in_support(k, integer_k)
     if normalized:
-        terms = terms - jnp.where(kok, _log_factorial(jnp.where(kok, k, 0.0)), 0.0)
+        terms = terms - jnp.where(kok, _log_factorial_array(jnp.where(kok, k, 0.0)), 0.0)
     terms = jnp.where(kok, terms, -jnp.inf)
     return jnp.where(_usable(param_ok, k, integer_k), terms, jnp.nan), kok
 
