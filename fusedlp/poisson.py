@@ -89,7 +89,7 @@ def _log_factorial_array(k: jax.Array) -> jax.Array:
     return jax.lax.cond(few, _table_log_factorial, _log_factorial, k)
 
 
-def _in_support(k, integer_k=False):
+def _in_support(k, integer_k):
     if integer_k:  # cast from an integer dtype: whole and finite by construction
         return k >= 0
     return (k >= 0) & (k == jnp.floor(k)) & jnp.isfinite(k)
@@ -105,7 +105,7 @@ def _usable(param_ok, k, integer_k):
     return param_ok if integer_k else param_ok & ~jnp.isnan(k)
 
 
-def _finish(terms, k, param_ok, normalized, integer_k=False):
+def _finish(terms, k, param_ok, normalized, integer_k):
     """Apply support/parameter verdicts elementwise and drop or subtract log k!."""
     kok = _in_support(k, integer_k)
     if normalized:
@@ -114,7 +114,7 @@ def _finish(terms, k, param_ok, normalized, integer_k=False):
     return jnp.where(_usable(param_ok, k, integer_k), terms, jnp.nan), kok
 
 
-def _fold_partial(d, kok, param_ok, k, shape, param_shape, integer_k=False):
+def _fold_partial(d, kok, param_ok, k, shape, param_shape, integer_k):
     """The edges of `_finish`, applied to a partial, folded back to the parameter's shape.
 
     Zero off the support (k is data there, not a parameter), NaN for an invalid parameter
@@ -138,7 +138,7 @@ def _rate_ok(rate):
     return (rate >= 0) & jnp.isfinite(rate)  # no inf constant: see _poisson_propto_int_sum
 
 
-def _poisson_terms(normalized, k, rate, integer_k=False):
+def _poisson_terms(normalized, k, rate, integer_k):
     # k log(lam) with 0 log 0 = 0; at lam = 0, k > 0 this is -inf, as it should be.
     klog = jnp.where(k == 0, 0.0, k * jnp.log(rate))
     return _finish(klog - rate, k, _rate_ok(rate), normalized, integer_k)
