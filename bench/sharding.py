@@ -49,11 +49,11 @@ _FORCE_FLAG = "--xla_force_host_platform_device_count"
 # Spec-sheet peak memory bandwidth, GB/s (10^9 bytes/s), by a substring of jax's
 # device_kind; the first match wins, so the more specific names come first.
 PEAK_GBPS = (
+    ("GH200", 4000.0),  # before "H200", a substring of "NVIDIA GH200 480GB"
     ("H200", 4800.0),
     ("H100 NVL", 3900.0),
     ("H100 PCIe", 2000.0),
     ("H100", 3350.0),  # SXM5 (device_kind "NVIDIA H100 80GB HBM3")
-    ("GH200", 4000.0),
     ("A100-SXM4-80GB", 2039.0),
     ("A100 80GB PCIe", 1935.0),
     ("A100", 1555.0),  # 40 GB, SXM4 or PCIe

@@ -45,3 +45,71 @@ def test_unknown_study_is_an_error(tmp_path):
     p = _bench("--quick", "--study", "nope", "--json", str(tmp_path / "x.json"))
     assert p.returncode != 0
     assert "unknown study" in p.stderr
+
+
+# ------------------------------------------------------------------ sharding and throughput
+
+
+def test_quick_sharding_check_finds_no_gather(tmp_path):
+    """`python -m bench sharding --quick`: four forced CPU devices in a subprocess; the
+    sharded programs reduce scalars across devices and never gather the data."""
+    out_json = tmp_path / "sh.json"
+    p = _bench("sharding", "--quick", "--json", str(out_json))
+    assert p.returncode == 0, p.stderr
+    assert "| kernel | dtype | N | 1 device ms (IQR) | 4 devices ms (IQR) |" in p.stdout
+    doc = json.loads(out_json.read_text())
+    assert "--xla_force_host_platform_device_count=4" in doc["machine"]["xla_flags"]
+    rows = doc["results"]
+    assert {r["kernel"] for r in rows} == {"normal", "poisson_log"}
+    for r in rows:
+        assert r["collectives"]["all-reduce"] >= 1, r
+        assert r["collectives"]["all-gather"] == r["collectives"]["all-to-all"] == 0, r
+        assert r["grad_sharding_kept"] is True, r
+        assert r["one_device"]["median"] > 0 and r["sharded"]["median"] > 0
+        assert r["ratio_sharded_over_one"] == pytest.approx(
+            r["sharded"]["median"] / r["one_device"]["median"])
+
+
+def test_throughput_mode_reports_fraction_of_peak(tmp_path):
+    """The GPU bandwidth report (`--throughput`) end to end, on the CPU with a given peak:
+    bytes moved per element, GB/s = bytes / median, fraction = GB/s / peak, and the
+    float32 target line at the largest N."""
+    from bench.sharding import bytes_per_element
+
+    out_json = tmp_path / "tp.json"
+    p = _bench("sharding", "--throughput", "--quick", "--max-n", "1e4", "--peak-gbps", "40",
+               "--json", str(out_json))
+    assert p.returncode == 0, p.stderr
+    assert "Target >= 70 % of peak, normal float32 N=10^4:" in p.stdout
+    assert "Target >= 70 % of peak, poisson_log float32 N=10^4:" in p.stdout
+    doc = json.loads(out_json.read_text())
+    rows = doc["results"]
+    assert {(r["kernel"], r["dtype"]) for r in rows} == {
+        (k, d) for k in ("normal", "poisson_log") for d in ("float32", "float64")}
+    for r in rows:
+        assert r["n"] == 10**4 and r["peak_gbps"] == 40.0
+        itemsize = 4 if r["dtype"] == "float32" else 8
+        assert r["bytes_moved"] == bytes_per_element(r["kernel"], itemsize) * r["n"]
+        for name in ("fused", "autodiff"):
+            v = r[name]
+            assert v["gbps"] == pytest.approx(r["bytes_moved"] / v["median"] / 1e9)
+            assert v["fraction_of_peak"] == pytest.approx(v["gbps"] / 40.0)
+
+
+@pytest.mark.parametrize("kind, gbps", [
+    ("NVIDIA H100 80GB HBM3", 3350.0),
+    ("NVIDIA H100 PCIe", 2000.0),
+    ("NVIDIA H100 NVL", 3900.0),
+    ("NVIDIA H200", 4800.0),
+    ("NVIDIA GH200 480GB", 4000.0),
+    ("NVIDIA A100-SXM4-80GB", 2039.0),
+    ("NVIDIA A100-SXM4-40GB", 1555.0),
+    ("NVIDIA L40S", 864.0),
+    ("NVIDIA L4", 300.0),
+    ("Tesla T4", 320.0),
+    ("cpu", None),
+])
+def test_peak_bandwidth_by_device_kind(kind, gbps):
+    from bench.sharding import peak_bandwidth_gbps
+
+    assert peak_bandwidth_gbps(kind) == gbps
