@@ -5,6 +5,7 @@ the issue promise of it: a markdown table per study and the headline table on st
 JSON (machine record, rows, correctness checks) and one PNG per study.
 """
 
+import importlib
 import json
 import pathlib
 import subprocess
@@ -70,11 +71,17 @@ def test_quick_sharding_check_finds_no_gather(tmp_path):
             r["sharded"]["median"] / r["one_device"]["median"])
 
 
-def test_throughput_mode_reports_fraction_of_peak(tmp_path):
+def _bench_module(monkeypatch, name):
+    """A module of the benchmark package, which is not installed: import it from the checkout."""
+    monkeypatch.syspath_prepend(str(ROOT))
+    return importlib.import_module(name)
+
+
+def test_throughput_mode_reports_fraction_of_peak(tmp_path, monkeypatch):
     """The GPU bandwidth report (`--throughput`) end to end, on the CPU with a given peak:
     bytes moved per element, GB/s = bytes / median, fraction = GB/s / peak, and the
     float32 target line at the largest N."""
-    from bench.sharding import bytes_per_element
+    bytes_per_element = _bench_module(monkeypatch, "bench.sharding").bytes_per_element
 
     out_json = tmp_path / "tp.json"
     p = _bench("sharding", "--throughput", "--quick", "--max-n", "1e4", "--peak-gbps", "40",
@@ -109,7 +116,5 @@ def test_throughput_mode_reports_fraction_of_peak(tmp_path):
     ("Tesla T4", 320.0),
     ("cpu", None),
 ])
-def test_peak_bandwidth_by_device_kind(kind, gbps):
-    from bench.sharding import peak_bandwidth_gbps
-
-    assert peak_bandwidth_gbps(kind) == gbps
+def test_peak_bandwidth_by_device_kind(kind, gbps, monkeypatch):
+    assert _bench_module(monkeypatch, "bench.sharding").peak_bandwidth_gbps(kind) == gbps
