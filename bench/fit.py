@@ -16,8 +16,8 @@ each N, in one run and timed round-robin:
   JAX loop around this objective costs per step;
 * **numba v&g** — a single-threaded ``@njit(fastmath=True)`` loop forming the value and
   both partials in one pass (no allocation), called from Python: the hand-written
-  reference. Timed ``timeit``-style (10^4 back-to-back calls per sample), since the
-  harness's per-call ``jax.block_until_ready`` would add about 1 µs that is not numba's;
+  reference. Timed ``timeit``-style (10^4 back-to-back calls per sample): at small N one
+  call takes well under a microsecond, where a per-call timer reads mostly itself;
 * **numba Adam** — the same v&g and Adam written out in one ``@njit`` loop of K steps:
   what a fully hand-written fit costs per step (no status, no history).
 

@@ -92,7 +92,8 @@ def _cases() -> list[Case]:
     def nb_make(n, rng):
         mean = rng.uniform(0.5, 5.0, n)
         phi = 2.0
-        return (mean, np.float64(phi)), (rng.negative_binomial(phi, phi / (mean + phi)),)
+        return (mean, np.float64(phi)), (
+            rng.negative_binomial(phi, phi / (mean + phi)).astype(np.int32),)
 
     def bern_make(n, rng):
         eta = rng.normal(0.0, 2.0, n)

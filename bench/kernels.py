@@ -824,7 +824,8 @@ def main(args) -> int:
             "machine": machine,
             "config": {**cfg.__dict__},
             "method": ("jax: jit, AOT lower+compile timed separately, block_until_ready in "
-                       "each timed call; all variants of one (kernel, dtype, N) timed "
+                       "each timed call (not for numba, whose outputs are ready on "
+                       "return); all variants of one (kernel, dtype, N) timed "
                        "round-robin; per-call seconds; median reported, min/IQR kept"),
             "results": results,
             "targets_float64": targets,

@@ -28,7 +28,8 @@ def main(args) -> int:
     m = doc["machine"]
     print(f"Measured {m['date'][:10]} on {m['cpu_model']}, {m['cpu_count']} cores, "
           f"jax {m['jax']} ({m['backend']}), numba {m.get('numba')}; {args.dtype}, median "
-          "per call. autodiff = jax.grad of the jax.scipy.stats log-density (for the propto rows "
+          "per call. autodiff = jax.value_and_grad of the jax.scipy.stats log-density (for the "
+          "propto rows "
           "too, i.e. with log k!; the plain formula for EAM); numba = single-thread hand "
           "loop allocating its gradient. All tables: python -m bench kernels.\n")
     print("| kernel | N | value µs | v&g µs | v&g / value | floor / value | autodiff v&g µs "
