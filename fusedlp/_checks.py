@@ -109,5 +109,12 @@ def validate(fn: str, name: str, value: ArrayLike, bad, what: str) -> None:
         )
 
 
+def entry(name: str, idx: tuple[int, ...], shape: tuple[int, ...]) -> str:
+    """``name[i, j]``: the entry of an array of ``shape`` that broadcasting sends to ``idx``
+    (an index into the broadcast shape); the bare name for a scalar."""
+    own = [0 if size == 1 else i for i, size in zip(idx[len(idx) - len(shape):], shape)]
+    return f"{name}[{', '.join(map(str, own))}]" if shape else name
+
+
 def want_validation(flag: bool | None) -> bool:
     return validation_enabled() if flag is None else bool(flag)

@@ -111,6 +111,19 @@ def bernoulli_logit_lpmf(
     return _bernoulli_logit(y, logit)
 
 
+def _validate_k(fn, k, n):
+    """k in {0, ..., n} where k and n broadcast; the message names k's and n's own entries."""
+    shape = np.broadcast_shapes(k.shape, n.shape)
+    kb, nb = np.broadcast_to(k, shape), np.broadcast_to(n, shape)
+    bad = ~((kb >= 0) & (np.floor(kb) == kb) & (kb <= nb))
+    if bad.any():
+        idx = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(
+            f"{fn}: argument `k` must hold integers in [0, n]; first offending entry "
+            f"{_checks.entry('k', idx, k.shape)} = {kb[idx].item()!r} "
+            f"(against {_checks.entry('n', idx, n.shape)} = {nb[idx].item()!r})")
+
+
 def binomial_logit_lpmf(
     k: ArrayLike,
     n: ArrayLike,
@@ -158,10 +171,6 @@ def binomial_logit_lpmf(
                                                    & np.isfinite(a)),
                          "must hold non-negative integers")
         if _checks.is_concrete(ka, na):
-            shape = np.broadcast_shapes(ka.shape, na.shape)
-            n_b = np.broadcast_to(np.asarray(na), shape)
-            _checks.validate(fn, "k", np.broadcast_to(np.asarray(ka), shape),
-                             lambda a: ~((a >= 0) & (np.floor(a) == a) & (a <= n_b)),
-                             "must hold integers in [0, n]")
+            _validate_k(fn, np.asarray(ka), np.asarray(na))
         _validate_logit(fn, la)
     return _binomial_logit(k, n, logit, normalized=bool(normalized))

@@ -83,23 +83,32 @@ def _energy(r, mask, amp, beta, coeffs):
 
 @jax.custom_vjp
 def _eam(r, mask, amp, beta, coeffs):
+    if r.size == 0:  # no neighbour, no term, no verdict: exactly 0, as the other kernels
+        return jnp.zeros((), r.dtype)
     return _energy(r, mask, amp, beta, coeffs)[0]
 
 
 def _eam_fwd(r, mask, amp, beta, coeffs):
     rv, av, bv, cv = r.value, amp.value, beta.value, coeffs.value
+    if rv.size == 0:
+        return jnp.zeros((), rv.dtype), tuple(
+            jnp.zeros_like(a.value) if a.perturbed else None for a in (r, amp, beta, coeffs))
     mv = None if mask is None else mask.value
     value, rs, e, s, p, df, ok = _energy(rv, mv, av, bv, cv)
     nan_unless_ok = lambda d: jnp.where(ok, d, jnp.nan)  # noqa: E731
     dr = da = db = dc = None
     if r.perturbed:
-        dr = nan_unless_ok((-bv * av) * df[..., None] * e)
-        if mv is not None:  # F'(p) = inf at an overflowed site must not meet e = 0 as NaN
-            dr = jnp.where(mv, dr, 0.0)
+        # A neighbour with e = 0 (masked, r = +inf, or exp underflowed) contributes nothing
+        # and gets 0, also at a site whose F'(p) overflowed to inf (inf * 0 = NaN
+        # otherwise). The select costs nothing measurable in this elementwise pass.
+        dr = nan_unless_ok(jnp.where(e == 0, 0.0, (-bv * av) * df[..., None] * e))
     if amp.perturbed:
         da = nan_unless_ok(jnp.sum(df * s))
     if beta.perturbed:
-        db = nan_unless_ok(-av * jnp.sum(df * jnp.sum(rs * e, axis=-1)))
+        # r e with r = +inf (a neighbour padded far away instead of masked) is inf * 0:
+        # min(r, largest float) keeps it 0 without a select in the reduction.
+        r_e = jnp.minimum(rs, jnp.finfo(rs.dtype).max) * e
+        db = nan_unless_ok(-av * jnp.sum(df * jnp.sum(r_e, axis=-1)))
     if coeffs.perturbed:
         powers = p[..., None] ** jnp.arange(1, cv.shape[0] + 1, dtype=p.dtype)
         dc = nan_unless_ok(sum_to_shape(powers, cv.shape))

@@ -85,6 +85,8 @@ def _scalar_scale_value(normalized, x, loc, s, shape):
 
 def _normal_value(normalized, x, loc, scale):
     shape = jnp.broadcast_shapes(x.shape, loc.shape, scale.shape)
+    if math.prod(shape) == 0:  # no element, no verdict: exactly 0, as the other kernels
+        return jnp.zeros((), x.dtype)
     if scale.size == 1:
         return _scalar_scale_value(normalized, x, loc, scale.reshape(()), shape)[0]
     z = (x + (-loc)) / scale
@@ -95,6 +97,26 @@ def _normal_value(normalized, x, loc, scale):
     return total
 
 
+@partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _with_tangent_of(fn, value, *args):
+    """``value`` (= ``fn(*args)`` wherever it is used), differentiated as ``fn(*args)``.
+
+    Only second derivatives (``fusedlp.hessian``) differentiate the forward rule. There, a
+    sum formed from the raw x meets x = +-inf as inf * 0 = NaN even where the rule selects
+    it away (a lax.cond's untaken branch still receives a zero cotangent); ``fn`` forms
+    the same sum from the safe x. First-order calls never trace this rule: no extra pass.
+    """
+    del fn, args
+    return value
+
+
+@_with_tangent_of.defjvp
+def _with_tangent_of_jvp(fn, primals, tangents):
+    value, *args = primals
+    _, *targs = tangents
+    return value, jax.jvp(fn, tuple(args), tuple(targs))[1]
+
+
 @partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _normal(normalized, x, loc, scale):
     return _normal_value(normalized, x, loc, scale)
@@ -103,25 +125,34 @@ def _normal(normalized, x, loc, scale):
 def _normal_fwd(normalized, x, loc, scale):
     xv, lv, sv = x.value, loc.value, scale.value
     shape = jnp.broadcast_shapes(xv.shape, lv.shape, sv.shape)
+    if math.prod(shape) == 0:
+        return _normal_value(normalized, xv, lv, sv), tuple(
+            jnp.zeros_like(a.value) if a.perturbed else None for a in (x, loc, scale))
     inv = 1.0 / sv
     ok = _params_ok(lv, sv)
     off = jnp.isinf(xv)
+    # x = +-inf replaced before any arithmetic (double where): the partials of such an
+    # element are selected away, and a second derivative (fusedlp.hessian) would otherwise
+    # meet inf * 0 = NaN in the unselected branch.
+    xs = jnp.where(off, 0.0, xv)
     dx = dloc = dscale = None
-    # Arrays of partials (an output anyway, so selects cost nothing extra there).
-    if x.perturbed or (loc.perturbed and lv.size != 1):
+    # Arrays of partials (an output anyway, so selects cost nothing extra there). A scalar
+    # mu gets the sum of them when x is differentiated too, or when sigma is an array (the
+    # sums Z1, Z2 below are for a scalar sigma only).
+    if x.perturbed or (loc.perturbed and (lv.size != 1 or sv.size != 1)):
         # d/dmu = z / sigma = (x - mu) / sigma^2; zero off the support, NaN for bad params.
         # Two multiplies by m = -1/sigma (m^2 = 1/sigma^2), never one by 1/sigma^2: that
         # overflows for sigma < 1e-154 (and XLA rewrites (a / s) / s into a / (s * s)).
         # Not by the value's 1/sigma: a broadcast shared with it would be materialised.
         m = -1.0 / sv
-        g = jnp.where(ok, jnp.where(off, 0.0, ((xv - lv) * m) * m), jnp.nan)
+        g = jnp.where(ok, jnp.where(off, 0.0, ((xs - lv) * m) * m), jnp.nan)
         g = jnp.broadcast_to(g, shape)
         dx = sum_to_shape(-g, xv.shape) if x.perturbed else None
         dloc = sum_to_shape(g, lv.shape) if loc.perturbed else None
     if sv.size != 1:
         value = _normal_value(normalized, xv, lv, sv)
         if scale.perturbed:
-            z = jnp.where(off, 0.0, (xv - lv) * inv)
+            z = jnp.where(off, 0.0, (xs - lv) * inv)
             ds = jnp.where(ok, jnp.where(off, 0.0, (z * z - 1.0) * inv), jnp.nan)
             dscale = sum_to_shape(jnp.broadcast_to(ds, shape), sv.shape)
         return value, (dx, dloc, dscale)
@@ -141,10 +172,15 @@ def _normal_fwd(normalized, x, loc, scale):
     # Z1 is its own reduction over x - mu (a different expression from the value's
     # x + (-mu), so XLA does not materialise a shared z array to feed both).
     z1 = jnp.sum(jnp.broadcast_to(xv - lv, shape)) * s_inv if want_z1 else jnp.zeros_like(z2)
+    z2 = _with_tangent_of(lambda a, b, c: jnp.sum(jnp.broadcast_to(((a - b) / c) ** 2, shape)),
+                          z2, xs, lv, s)
+    if want_z1:
+        z1 = _with_tangent_of(lambda a, b, c: jnp.sum(jnp.broadcast_to(a - b, shape)) / c,
+                              z1, xs, lv, s)
 
     def in_support_sums(_):
         o = jnp.broadcast_to(jnp.isinf(xv), shape)
-        zm = jnp.where(o, 0.0, jnp.broadcast_to((xv - lv) * s_inv, shape))
+        zm = jnp.where(o, 0.0, jnp.broadcast_to((xs - lv) * s_inv, shape))
         zm = jnp.where(jnp.broadcast_to(jnp.isfinite(lv), shape), zm, jnp.nan)
         z1m = jnp.sum(zm) if want_z1 else z1
         return jnp.sum(zm * zm), z1m, n - jnp.sum(o, dtype=z2.dtype)

@@ -181,11 +181,14 @@ def _poisson_fwd(normalized, integer_k, k, rate):
     drate = None
     if rate.perturbed:
         # k / lam - 1, with the k = 0 branch exact at lam = 0 (double where: no 0/0 anywhere).
+        # A float k off the support (inf, say) is replaced by 0 first: its partial is
+        # selected away, and a second derivative would otherwise meet inf * 0 = NaN there.
         shape = jnp.broadcast_shapes(kv.shape, rv.shape)
-        safe = jnp.where(kv == 0, 1.0, rv)
-        d = jnp.where(kv == 0, -1.0, kv / safe - 1.0)
-        drate = _fold_partial(d, _in_support(kv, integer_k), _rate_ok(rv), kv, shape,
-                              rv.shape, integer_k)
+        kok = _in_support(kv, integer_k)
+        ks = kv if integer_k else jnp.where(kok, kv, 0.0)
+        safe = jnp.where(ks == 0, 1.0, rv)
+        d = jnp.where(ks == 0, -1.0, ks / safe - 1.0)
+        drate = _fold_partial(d, kok, _rate_ok(rv), kv, shape, rv.shape, integer_k)
     return value, drate
 
 

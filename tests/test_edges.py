@@ -582,3 +582,109 @@ def test_normal_large_n_edge_path(case, scalar_loc, rng):
     if scalar_loc:
         dl, ds = jax.jit(jax.grad(fusedlp.normal_lpdf, argnums=(1, 2)))(x, loc, scale)
         np.testing.assert_allclose([dl, ds], [dloc_ref, dscale], rtol=1e-10)
+
+
+# ============================================= found in review: combinations and 2nd order
+
+
+@pytest.mark.parametrize("n", [5, 20_000], ids=["small", "large"])
+@pytest.mark.parametrize("argnums", [1, (1, 2)], ids=["loc", "loc+scale"])
+def test_normal_scalar_loc_with_array_scale(n, argnums, rng, tol):
+    """A scalar loc with an array scale, x not differentiated: d/dloc = sum (x - mu)/sigma^2.
+
+    (The scalar-loc sum used to exist only on the scalar-scale path, and this combination
+    returned exactly 0.)"""
+    x, scale = rng.normal(size=n), rng.uniform(0.5, 2.0, size=n)
+
+    def plain(x, loc, scale):
+        return jnp.sum(-0.5 * ((x - loc) / scale) ** 2 - jnp.log(scale)
+                       - 0.5 * math.log(2 * math.pi))
+
+    got = jax.grad(fusedlp.normal_lpdf, argnums=argnums)(x, 0.3, scale)
+    want = jax.grad(plain, argnums=argnums)(x, 0.3, scale)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        assert g.shape == w.shape
+        np.testing.assert_allclose(g, w, rtol=tol(np.float64)["grad"])
+    h = fusedlp.hessian(fusedlp.normal_lpdf, argnums=1)(x, 0.3, scale)
+    np.testing.assert_allclose(h, -np.sum(1 / scale**2), rtol=1e-12)
+    # an invalid scale anywhere makes the scalar loc's gradient NaN
+    bad = scale.copy()
+    bad[n // 2] = -1.0
+    assert np.isnan(jax.grad(fusedlp.normal_lpdf, argnums=1)(x, 0.3, bad))
+
+
+def _without(a, i):
+    return a if np.ndim(a) == 0 else np.delete(a, i)
+
+
+# The size matters for a scalar scale only (above fusedlp.normal._SMALL its sums take a
+# lax.cond); an array scale's Hessian is N x N, so it stays small.
+@pytest.mark.parametrize("n, array_scale", [(5, False), (20_000, False), (5, True), (300, True)],
+                         ids=["scalar-scale-small", "scalar-scale-large", "array-scale-small",
+                              "array-scale-300"])
+def test_normal_hessian_ignores_out_of_support_elements(n, array_scale, rng):
+    """x = +-inf contributes a zero gradient, so nothing to the second derivatives either
+    (not inf * 0 = NaN from the branch the rule selects away)."""
+    x = rng.normal(size=n)
+    x[n // 2] = INF
+    scale = rng.uniform(0.5, 2.0, size=n) if array_scale else 1.5
+    h = fusedlp.hessian(fusedlp.normal_lpdf, argnums=(1, 2))(x, 0.0, scale)
+    h_ref = fusedlp.hessian(fusedlp.normal_lpdf, argnums=(1, 2))(
+        _without(x, n // 2), 0.0, _without(scale, n // 2))
+    for i in range(2):
+        for j in range(2):
+            got, want = np.asarray(h[i][j]), np.asarray(h_ref[i][j])
+            assert np.all(np.isfinite(got)), (i, j)
+            if got.shape != want.shape:  # an array scale: the removed element's row is 0
+                got = np.delete(got, n // 2, axis=-1) if got.ndim == 1 else np.delete(
+                    np.delete(got, n // 2, axis=0), n // 2, axis=1)
+            np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("n", [5, 20_000], ids=["small", "large"])
+def test_poisson_hessian_ignores_out_of_support_float_counts(n, rng):
+    k = rng.poisson(2.0, size=n).astype(float)
+    k[1] = INF
+    k[2] = -1.0
+    k[3] = 2.5
+    h = fusedlp.hessian(fusedlp.poisson_lpmf, argnums=1)(k, 2.0)
+    kept = np.delete(k, [1, 2, 3])
+    np.testing.assert_allclose(h, -kept.sum() / 4.0, rtol=1e-12)
+
+
+def test_eam_infinite_distance_is_a_neighbour_that_contributes_nothing(tol):
+    """r = +inf (padding by distance instead of a mask): e = 0, so no term and a zero
+    gradient, for r and for beta (r e = inf * 0 must not become NaN)."""
+    r = np.array([0.1, 0.4, INF, 0.7])
+    f = lambda r, b: eam(r, amp=0.05, beta=b)  # noqa: E731
+    value, (dr, db) = jax.value_and_grad(f, argnums=(0, 1))(r, 3.0)
+    value_ref, (dr_ref, db_ref) = jax.value_and_grad(f, argnums=(0, 1))(np.delete(r, 2), 3.0)
+    np.testing.assert_allclose(value, value_ref, rtol=tol(np.float64)["value"])
+    assert dr[2] == 0.0
+    np.testing.assert_allclose(np.delete(np.asarray(dr), 2), dr_ref, rtol=tol(np.float64)["grad"])
+    np.testing.assert_allclose(db, db_ref, rtol=tol(np.float64)["grad"])
+
+
+def test_eam_overflow_next_to_underflow_has_no_nan_gradient():
+    """One neighbour overflows the density (F'(p) = inf), another underflows it (e = 0):
+    the value is +inf, the overflowing r gets -inf, the underflowed one 0, never NaN."""
+    value, dr = jax.value_and_grad(lambda r: eam(r, amp=0.05, beta=3.0))(
+        np.array([-400.0, 300.0]))
+    assert value == INF
+    assert dr[0] == -INF and dr[1] == 0.0
+
+
+def test_empty_inputs_give_zero_whatever_the_parameters():
+    """No element, no verdict: every kernel gives exactly 0 on empty data, also with an
+    invalid parameter (as scipy's sum over no elements), and zero gradients."""
+    empty = np.zeros(0)
+    assert fusedlp.normal_lpdf(empty, 0.0, -1.0) == 0.0
+    assert fusedlp.normal_lpdf(empty, np.nan, np.ones(0)) == 0.0
+    g = jax.grad(fusedlp.normal_lpdf, argnums=(1, 2))(empty, 0.0, -1.0)
+    assert g == (0.0, 0.0)
+    assert fusedlp.poisson_lpmf(empty, -1.0) == 0.0
+    assert fusedlp.poisson_log_lpmf(empty, np.inf) == 0.0
+    assert fusedlp.student_t_lpdf(empty, -1.0) == 0.0
+    assert eam(np.zeros((3, 0)), amp=-1.0) == 0.0
+    g = jax.grad(lambda a, r: eam(r, amp=a), argnums=(0, 1))(np.nan, np.zeros((3, 0)))
+    assert g[0] == 0.0 and g[1].shape == (3, 0)

@@ -477,3 +477,44 @@ def test_docstring_examples_hold():
     assert round(float(fusedlp.gamma_lpdf(0.0, 1.0, 2.0)), 6) == round(math.log(2.0), 6)
     assert round(float(fusedlp.negative_binomial_lpmf(0, 2.0, 2.0)), 6) == round(
         2 * math.log(0.5), 6)
+
+
+# ============================================================ found in review
+
+
+@pytest.mark.parametrize("x", [1e20, -3e30, 1e38])
+def test_student_t_float32_far_tail_is_finite(x):
+    """In float32, z^2 overflows from |z| ~ 1.8e19; a finite x must still get its finite
+    log-density (scipy's, computed in float64), not -inf, the out-of-support verdict."""
+    f32 = np.float32
+    got = fusedlp.student_t_lpdf(f32(x), f32(1.5), f32(0.5), f32(2.0))
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, ss.t.logpdf(x, 1.5, 0.5, 2.0), rtol=1e-6)
+    grads = jax.grad(fusedlp.student_t_lpdf, argnums=(0, 1, 2, 3))(
+        f32(x), f32(1.5), f32(0.5), f32(2.0))
+    want = jax.grad(fusedlp.student_t_lpdf, argnums=(0, 1, 2, 3))(x, 1.5, 0.5, 2.0)
+    for g, w in zip(grads, want):  # d/dx ~ 1/x: subnormal in float32 at 1e38, flushed to 0
+        assert np.isfinite(g)
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-30)
+
+
+@pytest.mark.parametrize("z", [0.0, 1.0, -1.0, 1.0 + 2**-20, 3.0])
+def test_student_t_float32_gradient_at_the_branch_point(z):
+    """The float32 far-tail form switches at |z| / sqrt(nu) = 1: the gradient is exact on
+    both sides and at the switch (jax's jvp of max/min would halve it there)."""
+    f32 = np.float32
+    grads = jax.grad(fusedlp.student_t_lpdf, argnums=(0, 1, 3))(f32(z), f32(1.0), 0.0, f32(1.0))
+    want = jax.grad(fusedlp.student_t_lpdf, argnums=(0, 1, 3))(z, 1.0, 0.0, 1.0)
+    for g, w in zip(grads, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("k, n, where", [
+    (4, np.array([5, 3]), "first offending entry k = 4 (against n[1] = 3)"),
+    (np.array([1, 4]), 3, "first offending entry k[1] = 4 (against n = 3)"),
+    (np.array([[1], [4]]), np.array([5, 3]), "first offending entry k[1, 0] = 4 (against n[1] = 3)"),
+])
+def test_binomial_validation_names_the_arguments_own_entries(k, n, where):
+    with pytest.raises(ValueError) as info:
+        fusedlp.binomial_logit_lpmf(k, n, 0.0, validate_args=True)
+    assert where in str(info.value)
