@@ -2,9 +2,10 @@
 
 Timing method (optimistix/lineax style): every JAX callable is compiled ahead of time with
 ``jit(f).lower(*args).compile()`` (so compile time is measured apart from run time and the
-jitted function's own cache is warm), each timed call ends in ``jax.block_until_ready``, and
-the variants being compared are called round-robin, one call each per round, so that a slow
-phase of a noisy machine hits all of them alike. The statistic reported is the median; min
+jitted function's own cache is warm), each timed call of a jax function ends in
+``jax.block_until_ready``, and the variants being compared are called round-robin, one call
+each per round in a random order, so that a slow phase of a noisy machine hits all of them
+alike. The statistic reported is the median; min
 and inter-quartile range are kept alongside.
 """
 
@@ -168,8 +169,11 @@ def time_interleaved(
     Adaptive: a variant keeps being called until it has at least ``min_repeats`` samples
     and ``min_total`` seconds of timed calls, or until it hits ``max_repeats`` samples or
     (with at least ``min_repeats`` samples) ``max_total`` seconds. Each round calls every
-    variant that still needs samples once, in turn, so the variants share the machine's
-    noisy phases. The garbage collector is off while timing, as in :mod:`timeit`.
+    variant that still needs samples once, in a fresh random order (seeded), so the variants
+    share the machine's noisy phases and none keeps a fixed place in the round: on XLA:CPU a
+    call's time at N ~ 1e5 was seen to depend 2-3x on which call ran before it (the first
+    and last of four fixed-order variants slow, the middle two fast, whatever they were).
+    The garbage collector is off while timing, as in :mod:`timeit`.
 
     A timed call ends in ``jax.block_until_ready`` if the variant returns jax Arrays; a
     variant that returns none (a numba loop's float and NumPy array) is already done when it
@@ -198,10 +202,11 @@ def time_interleaved(
     gc_was_enabled = gc.isenabled()
     gc.collect()
     gc.disable()
+    order = np.random.default_rng(0)
     try:
         active = names
         while active:
-            for name in active:
+            for name in order.permutation(active):
                 t = _timed_once(calls[name], block[name])
                 samples[name].append(t)
                 spent[name] += t

@@ -826,7 +826,8 @@ def main(args) -> int:
             "method": ("jax: jit, AOT lower+compile timed separately, block_until_ready in "
                        "each timed call (not for numba, whose outputs are ready on "
                        "return); all variants of one (kernel, dtype, N) timed "
-                       "round-robin; per-call seconds; median reported, min/IQR kept"),
+                       "round-robin, in a random order each round; per-call seconds; "
+                       "median reported, min/IQR kept"),
             "results": results,
             "targets_float64": targets,
         }, wall)

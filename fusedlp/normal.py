@@ -47,8 +47,44 @@ _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 _SMALL = 8192
 
 
+def _finite_or_0(x):
+    """x, with +-inf replaced by 0 (the safe input of a double where)."""
+    return jnp.where(jnp.isinf(x), 0.0, x)
+
+
 def _params_ok(loc, scale):
     return jnp.isfinite(loc) & jnp.isfinite(scale) & (scale > 0)
+
+
+def _dloc_elements(x, loc, scale):
+    """d/dmu = z / sigma = (x - mu) / sigma^2 per element; 0 off the support, NaN for bad
+    parameters.
+
+    Two multiplies by m = -1/sigma (m^2 = 1/sigma^2), never one by 1/sigma^2: that
+    overflows for sigma < 1e-154 (and XLA rewrites (a / s) / s into a / (s * s)). Not by the
+    value's 1/sigma: a broadcast shared with it would be materialised.
+    """
+    m = -1.0 / scale
+    return jnp.where(_params_ok(loc, scale),
+                     jnp.where(jnp.isinf(x), 0.0, ((x - loc) * m) * m), jnp.nan)
+
+
+def _dscale_elements(x, loc, scale):
+    """d/dsigma = (z^2 - 1) / sigma per element, with the edges of _dloc_elements."""
+    inv = 1.0 / scale
+    off = jnp.isinf(x)
+    z = jnp.where(off, 0.0, (x - loc) * inv)
+    return jnp.where(_params_ok(loc, scale), jnp.where(off, 0.0, (z * z - 1.0) * inv), jnp.nan)
+
+
+def _safe_second_order(partials, x, loc, scale):
+    """``partials(x, loc, scale)``, differentiated (by fusedlp.hessian only) as if x = +-inf
+    were 0 (double where): the partial of such an element is selected away, but the
+    derivative of the raw branch there is inf * 0 = NaN. First-order calls run the plain
+    ``partials``: no extra select in their pass."""
+    return _with_tangent_of(lambda a, b, c: jnp.where(jnp.isinf(a), 0.0,
+                                                      partials(_finite_or_0(a), b, c)),
+                            partials(x, loc, scale), x, loc, scale)
 
 
 def _z_sum_squares(x, loc, s, shape):
@@ -128,32 +164,19 @@ def _normal_fwd(normalized, x, loc, scale):
     if math.prod(shape) == 0:
         return _normal_value(normalized, xv, lv, sv), tuple(
             jnp.zeros_like(a.value) if a.perturbed else None for a in (x, loc, scale))
-    inv = 1.0 / sv
-    ok = _params_ok(lv, sv)
-    off = jnp.isinf(xv)
-    # x = +-inf replaced before any arithmetic (double where): the partials of such an
-    # element are selected away, and a second derivative (fusedlp.hessian) would otherwise
-    # meet inf * 0 = NaN in the unselected branch.
-    xs = jnp.where(off, 0.0, xv)
     dx = dloc = dscale = None
     # Arrays of partials (an output anyway, so selects cost nothing extra there). A scalar
     # mu gets the sum of them when x is differentiated too, or when sigma is an array (the
     # sums Z1, Z2 below are for a scalar sigma only).
     if x.perturbed or (loc.perturbed and (lv.size != 1 or sv.size != 1)):
-        # d/dmu = z / sigma = (x - mu) / sigma^2; zero off the support, NaN for bad params.
-        # Two multiplies by m = -1/sigma (m^2 = 1/sigma^2), never one by 1/sigma^2: that
-        # overflows for sigma < 1e-154 (and XLA rewrites (a / s) / s into a / (s * s)).
-        # Not by the value's 1/sigma: a broadcast shared with it would be materialised.
-        m = -1.0 / sv
-        g = jnp.where(ok, jnp.where(off, 0.0, ((xs - lv) * m) * m), jnp.nan)
+        g = _safe_second_order(_dloc_elements, xv, lv, sv)
         g = jnp.broadcast_to(g, shape)
         dx = sum_to_shape(-g, xv.shape) if x.perturbed else None
         dloc = sum_to_shape(g, lv.shape) if loc.perturbed else None
     if sv.size != 1:
         value = _normal_value(normalized, xv, lv, sv)
         if scale.perturbed:
-            z = jnp.where(off, 0.0, (xs - lv) * inv)
-            ds = jnp.where(ok, jnp.where(off, 0.0, (z * z - 1.0) * inv), jnp.nan)
+            ds = _safe_second_order(_dscale_elements, xv, lv, sv)
             dscale = sum_to_shape(jnp.broadcast_to(ds, shape), sv.shape)
         return value, (dx, dloc, dscale)
 
@@ -172,15 +195,19 @@ def _normal_fwd(normalized, x, loc, scale):
     # Z1 is its own reduction over x - mu (a different expression from the value's
     # x + (-mu), so XLA does not materialise a shared z array to feed both).
     z1 = jnp.sum(jnp.broadcast_to(xv - lv, shape)) * s_inv if want_z1 else jnp.zeros_like(z2)
-    z2 = _with_tangent_of(lambda a, b, c: jnp.sum(jnp.broadcast_to(((a - b) / c) ** 2, shape)),
-                          z2, xs, lv, s)
+    # (The safe x is formed inside each use from the argument itself: a computed N-array
+    # passed into a lax.cond or custom_jvp would be written out on every call.)
+    z2 = _with_tangent_of(
+        lambda a, b, c: jnp.sum(jnp.broadcast_to(((_finite_or_0(a) - b) / c) ** 2, shape)),
+        z2, xv, lv, s)
     if want_z1:
-        z1 = _with_tangent_of(lambda a, b, c: jnp.sum(jnp.broadcast_to(a - b, shape)) / c,
-                              z1, xs, lv, s)
+        z1 = _with_tangent_of(
+            lambda a, b, c: jnp.sum(jnp.broadcast_to(_finite_or_0(a) - b, shape)) / c,
+            z1, xv, lv, s)
 
     def in_support_sums(_):
         o = jnp.broadcast_to(jnp.isinf(xv), shape)
-        zm = jnp.where(o, 0.0, jnp.broadcast_to((xs - lv) * s_inv, shape))
+        zm = jnp.where(o, 0.0, jnp.broadcast_to((_finite_or_0(xv) - lv) * s_inv, shape))
         zm = jnp.where(jnp.broadcast_to(jnp.isfinite(lv), shape), zm, jnp.nan)
         z1m = jnp.sum(zm) if want_z1 else z1
         return jnp.sum(zm * zm), z1m, n - jnp.sum(o, dtype=z2.dtype)
