@@ -103,7 +103,7 @@ def validate(fn: str, name: str, value: ArrayLike, bad, what: str) -> None:
     mask = np.asarray(bad(arr))
     if mask.any():
         idx = tuple(int(i) for i in np.argwhere(mask)[0]) if mask.ndim else ()
-        where = f"{name}[{', '.join(map(str, idx))}]" if idx else name
+        where = entry(name, idx, arr.shape)
         raise ValueError(
             f"{fn}: argument `{name}` {what}; first offending entry {where} = {arr[idx].item()!r}"
         )
