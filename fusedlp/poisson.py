@@ -114,14 +114,17 @@ def _finish(terms, k, param_ok, normalized, integer_k):
     return jnp.where(_usable(param_ok, k, integer_k), terms, jnp.nan), kok
 
 
-def _fold_partial(d, kok, param_ok, k, shape, param_shape, integer_k):
+def _fold_partial(d, kok, param_ok, k, shape, param_shape, integer_k, invalid=None):
     """The edges of `_finish`, applied to a partial, folded back to the parameter's shape.
 
     Zero off the support (k is data there, not a parameter), NaN for an invalid parameter
-    or a NaN count.
+    or a NaN count. ``invalid``, if given, is added last: an arithmetic verdict (0, or NaN
+    for an invalid parameter) for what ``param_ok`` leaves to it.
     """
     d = jnp.where(kok, d, 0.0)
     d = jnp.where(_usable(param_ok, k, integer_k), d, jnp.nan)
+    if invalid is not None:
+        d = d + invalid
     return sum_to_shape(jnp.broadcast_to(d, shape), param_shape)
 
 
@@ -189,11 +192,9 @@ def _poisson_fwd(normalized, integer_k, k, rate):
         shape = jnp.broadcast_shapes(kv.shape, rv.shape)
         kok = _in_support(kv, integer_k)
         ks = kv if integer_k else jnp.where(kok, kv, 0.0)
-        d = jnp.where(kok, ks / jnp.where(ks == 0, 1.0, rv) - 1.0, 0.0)
-        d = jnp.where(rv >= 0, d, jnp.nan) + rv * 0.0
-        if not integer_k:
-            d = jnp.where(jnp.isnan(kv), jnp.nan, d)
-        drate = sum_to_shape(jnp.broadcast_to(d, shape), rv.shape)
+        d = ks / jnp.where(ks == 0, 1.0, rv) - 1.0
+        drate = _fold_partial(d, kok, rv >= 0, kv, shape, rv.shape, integer_k,
+                              invalid=rv * 0.0)
     return value, drate
 
 
