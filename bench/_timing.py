@@ -181,7 +181,7 @@ def time_interleaved(
     ``block_until_ready`` costs.
     """
     names = list(calls)
-    block = dict.fromkeys(names, True)
+    block = {}
     for name in names:
         for _ in range(max(warmup, 1)):
             out = calls[name]()
