@@ -28,10 +28,14 @@ from fusedlp._fuse import fuse
 # partials as they come). alpha <= 0, beta <= 0, either non-finite, or NaN anywhere: NaN.
 #
 # Written for XLA:CPU (see fusedlp.fuse): a select *after* the log in the summed expression
-# costs about 4x the select-free sum, a select on the log's input about 1.5x, min/sqrt about
+# costs about 4x the select-free sum, a select on the log's input about 1.5x, a min about
 # nothing. So x is clamped into (0, inf) before the log (the boundary term adds the x = 0
 # values), x < 0 becomes -inf through a minimum with (+-inf), and an invalid parameter adds
-# sqrt(-1) = NaN (a constant of the parameters: no tangent).
+# log(p) - log(p) = NaN (a constant of the parameters: no tangent). The parameter verdict
+# was sqrt(ok - 1) of a boolean ok: with the vector rate that is a per-element compare,
+# convert and sqrt, which XLA:CPU wrote out as one more temporary array for its vectorised
+# sum. The value alone took 0.4-0.6x of autodiff of jax.scipy.stats' time at N <= 10^4
+# and 0.35x at 10^6 that way; log(rate) - log(rate) reuses the value's own log(rate).
 
 
 def _gamma_element(x, shape, rate):
@@ -39,10 +43,13 @@ def _gamma_element(x, shape, rate):
     inside = (x > 0) & (x < jnp.inf)
     log_x = jnp.log(jnp.where(inside, x, 1.0))  # x = inf: -rate * x gives -inf alone
     at_zero = jnp.where((x == 0) & (a1 != 0), -jnp.sign(a1) * jnp.inf, 0.0)
-    lp = shape * jnp.log(rate) - jsp.gammaln(shape) + a1 * log_x - rate * x + at_zero
+    log_rate, log_shape = jnp.log(rate), jnp.log(shape)
+    lp = shape * log_rate - jsp.gammaln(shape) + a1 * log_x - rate * x + at_zero
     lp = jnp.minimum(lp, (2.0 * (x >= 0) - 1.0) * jnp.inf)  # x < 0: -inf (NaN stays NaN)
-    ok = (shape > 0) & (shape < jnp.inf) & (rate > 0) & (rate < jnp.inf)
-    return lp + jax.lax.stop_gradient(jnp.sqrt(jnp.asarray(ok, lp.dtype) - 1.0))
+    # The parameter verdict: log(p) - log(p) is 0 for a finite p > 0 and NaN for p <= 0,
+    # p = inf or NaN (log gives NaN, -inf or +inf there), and log(rate) is the value's own.
+    verdict = (log_rate - log_rate) + (log_shape - log_shape)
+    return lp + jax.lax.stop_gradient(verdict)
 
 
 _gamma = fuse(_gamma_element, name="gamma_lpdf")
