@@ -48,6 +48,27 @@ def test_unknown_study_is_an_error(tmp_path):
     assert "unknown study" in p.stderr
 
 
+def test_quick_fuse_benchmark_reports_both_autodiff_references(tmp_path):
+    """`python -m bench fuse --quick`: every variant checked against autodiff before timing,
+    ratios against autodiff of jax.scipy.stats and of the kernel's own element function,
+    and a target line for each reading of "autodiff of the same formula"."""
+    out_json = tmp_path / "fuse.json"
+    p = _bench("fuse", "--quick", "--kernels", "gamma", "--json", str(out_json))
+    assert p.returncode == 0, p.stderr
+    assert "| no fuse-built kernel slower than autodiff of its own element function" in p.stdout
+    assert "| no fuse-built kernel slower than autodiff of the jax.scipy.stats" in p.stdout
+    doc = json.loads(out_json.read_text())
+    assert [r["n"] for r in doc["results"]] == [10**3, 10**4]
+    for r in doc["results"]:
+        med = {k: v["median"] for k, v in r["variants"].items()}
+        q = r["ratios"]
+        assert q["autodiff_f_vg_over_fused_vg"] == pytest.approx(
+            med["autodiff[f].vg"] / med["fused.vg"])
+        assert q["autodiff_f_value_over_fused_value"] == pytest.approx(
+            med["autodiff[f].value"] / med["fused.value"])
+        assert all(c["value_rel_err"] <= 1e-9 for c in r["check"].values())
+
+
 # ------------------------------------------------------------------ sharding and throughput
 
 
