@@ -29,6 +29,7 @@ __all__ = (
     "fmt_ratio",
     "fmt_us",
     "machine_info",
+    "program_text",
     "time_interleaved",
 )
 
@@ -79,6 +80,9 @@ def machine_info() -> dict:
         "jax_cpu_enable_async_dispatch": bool(
             jax.config.values.get("jax_cpu_enable_async_dispatch", True)),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        # the allocator's settings: at N >= 1e6 fresh buffers' page faults are in the times
+        "malloc_env": {k: v for k, v in os.environ.items()
+                       if k.startswith("MALLOC_") or k in ("GLIBC_TUNABLES", "LD_PRELOAD")},
         "numpy": np.__version__,
         "load_average_1_5_15min": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
     }
@@ -108,6 +112,17 @@ def aot_compile(fn: Callable, *args) -> tuple[Callable, float, float]:
     lowered.compile()
     t2 = time.perf_counter()
     return jitted, t1 - t0, t2 - t1
+
+
+def program_text(fn: Callable, *args) -> str:
+    """The optimized HLO of ``jax.jit(fn)`` for ``args``, without source metadata: two
+    callables with equal texts compile to the same program (an A/A pair for timing)."""
+    import re
+
+    text = jax.jit(fn).lower(*args).compile().as_text()
+    keep = [re.sub(r", metadata=\{[^}]*\}", "", line) for line in text.splitlines()
+            if line.lstrip().startswith(("%", "ROOT", "ENTRY", "}"))]
+    return "\n".join(keep)
 
 
 # --------------------------------------------------------------------------- timing

@@ -17,7 +17,9 @@ times in one run, jitted, after compilation:
 The workload is a regression-like one: the location-type parameter is a vector (one per
 observation), the shape-type parameters are scalars, and all of them are differentiated.
 Before timing, every variant's value and gradient is compared with autodiff (rtol 1e-9); a
-disagreement aborts the run. Timing is ``bench/_timing.py``'s: round-robin over variants,
+disagreement aborts the run. Where fuse's value path is the plain sum (most cases), the fused
+value and autodiff[f]'s value compile to the same program (compared as optimized HLO text):
+that pair is an A/A test, and the targets table reports its ratios as the run's own noise. Timing is ``bench/_timing.py``'s: round-robin over variants,
 ``block_until_ready`` per call, median reported. JAX's asynchronous CPU dispatch is off.
 
 Run ``python -m bench fuse --help``.
@@ -236,6 +238,10 @@ def bench_one(case: Case, n: int, cfg: dict) -> dict:
         compile_s[name] = lower_s + comp_s
     outputs = {name: jax.device_get(f(params, data)) for name, f in fns.items()}
     errs = _check(case, n, outputs)
+    # Where fuse's value path is the plain sum, the fused value and autodiff[f]'s value are
+    # one program compiled twice: an A/A pair, whose timing ratio shows this run's noise.
+    same = (_timing.program_text(case.fused, params, data)
+            == _timing.program_text(case.autodiff_own, params, data))
     stats = _timing.time_interleaved(
         {name: partial(f, params, data) for name, f in fns.items()},
         min_repeats=cfg["min_repeats"], min_total=cfg["min_total"],
@@ -256,7 +262,7 @@ def bench_one(case: Case, n: int, cfg: dict) -> dict:
             "dtype": "float64",
             "variants": {name: {**stats[name].as_dict(), "compile_s": compile_s[name]}
                          for name in fns},
-            "ratios": ratios, "check": errs}
+            "ratios": ratios, "check": errs, "value_programs_identical": same}
 
 
 def _md(header, rows) -> str:
@@ -326,6 +332,17 @@ def evaluate_targets(results: list[dict]) -> list[dict]:
             "target": "fuse-built normal v&g within 1.2x of normal_lpdf at N >= 1e4",
             "met": all(x <= 1.2 for _, x in m),
             "detail": ", ".join(f"N={_n(n)}: {x:.2f}x" for n, x in m)})
+    aa = [(r["case"], r["n"], r["ratios"]["autodiff_f_value_over_fused_value"])
+          for r in results if r.get("value_programs_identical")]
+    if aa:
+        out = [x for x in aa if abs(x[2] - 1) > NOISE]
+        targets.append({
+            "target": "A/A noise: the same compiled program timed as two variants (fused "
+                      "value vs autodiff[f] value, where fuse's value is the plain sum)",
+            "met": None,
+            "detail": f"{len(aa)} pairs, ratio {min(x[2] for x in aa):.2f}-"
+                      f"{max(x[2] for x in aa):.2f}; outside 1 +- {NOISE:.2f}: " + (
+                          ", ".join(f"{c} {_n(n)} ({x:.2f})" for c, n, x in out) or "none")})
     # "Autodiff of the same formula", read both ways: of the kernel's own element function
     # (what fuse itself adds or costs), and of the jax.scipy.stats / plain formulation (which
     # has no edge verdicts of its own).

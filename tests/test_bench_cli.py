@@ -67,6 +67,9 @@ def test_quick_fuse_benchmark_reports_both_autodiff_references(tmp_path):
         assert q["autodiff_f_value_over_fused_value"] == pytest.approx(
             med["autodiff[f].value"] / med["fused.value"])
         assert all(c["value_rel_err"] <= 1e-9 for c in r["check"].values())
+        # gamma's value path is the plain sum at these sizes: the A/A pair is one program
+        assert r["value_programs_identical"] is True
+    assert "| A/A noise: the same compiled program timed as two variants" in p.stdout
 
 
 # ------------------------------------------------------------------ sharding and throughput
