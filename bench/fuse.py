@@ -346,8 +346,8 @@ def evaluate_targets(results: list[dict]) -> list[dict]:
     # "Autodiff of the same formula", read both ways: of the kernel's own element function
     # (what fuse itself adds or costs), and of the jax.scipy.stats / plain formulation (which
     # has no edge verdicts of its own).
-    for key, what in (("autodiff_f", "autodiff of its own element function f "
-                                     "(jnp.sum(vmap(f)))"),
+    for key, what in (("autodiff_f", ("autodiff of its own element function f "
+                                      "(jnp.sum(vmap(f)))")),
                       ("autodiff", "autodiff of the jax.scipy.stats (or plain) formula")):
         m = [(r["case"], r["n"], kind, r["ratios"][f"{key}_{kind}_over_fused_{kind}"])
              for r in results for kind in ("value", "vg")]

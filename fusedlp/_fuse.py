@@ -162,7 +162,8 @@ def _edge_rule(v: jax.Array, d: jax.Array) -> jax.Array:
 
 # How the forward rule is laid out above the small sizes depends on what f does per element
 # (measured with bench/fuse.py, jax 0.10.2 on XLA:CPU; see _fused_fwd). XLA:CPU hands a
-# reduction to its fast kernel (YNNPACK) only if its input is select-free; it runs an
+# reduction to its fast kernel (YNNPACK), but first writes out every per-element select
+# that feeds it as a temporary array (a select-laden sum is no fast reduction); it runs an
 # elementwise loop that writes an array on all cores, fast for arithmetic and slow for a
 # log, exp or lgamma inside a larger loop (standalone, a transcendental op is fast); and a
 # subexpression shared between two fusions is written out as a whole array.
@@ -289,8 +290,8 @@ def _fused_fwd(spec: _Spec, *args):
     #   subexpression is shared (and written out) between them; scalar arguments' partials
     #   are written as a column and summed by a plain reduction, faster than reducing the
     #   arithmetic in the reduction itself (which runs on one core).
-    # * "exact" (f with its own per-element selects): its value is no fast reduction anyway;
-    #   the single exact pass beat the conditional layouts at every N.
+    # * "exact" (f with its own per-element selects): its selects would be written out ahead
+    #   of any fast reduction; the single exact pass beat the conditional layouts at every N.
     # Under vmap the predicates are batched and both branches run: correct, just slower.
     arrays = [a.value for a in args]
     want = [a.perturbed and not nd for a, nd in zip(args, spec.nondiff)]
@@ -420,13 +421,17 @@ def fuse(
     When it helps, and when it does not (``bench/fuse.py``, 2-core AMD EPYC, float64; see
     the README for the table):
 
-    * It helps when the partials of several arguments share work: ``student_t_lpdf``
-      (df, loc, scale differentiated) is 1.1-2.7x faster than autodiff of
-      ``jax.scipy.stats.t.logpdf``, ``binomial_logit_lpmf`` 1.7-3.4x,
-      ``bernoulli_logit_lpmf`` 1.1-1.7x; the negative binomial about 1.1-1.3x from N = 10^4.
-    * It is about even with plain autodiff (0.8-1.0x) where autodiff's own passes are already
-      few and cheap: ``gamma_lpdf`` from N = 10^4, the fuse-built normal with a vector
-      ``loc`` and a scalar ``scale``. How the forward rule is split into passes depends on
+    * It helps when the partials of several arguments share work (value and gradient from
+      N = 10^4): ``student_t_lpdf`` (df, loc, scale differentiated) is 1.3-3.5x faster than
+      autodiff of ``jax.scipy.stats.t.logpdf`` and 1.4-3.5x faster than autodiff of its
+      own ``f``; ``binomial_logit_lpmf`` 2.0-3.5x faster than autodiff of
+      ``jax.scipy.stats``, ``bernoulli_logit_lpmf`` 1.1-1.6x, the negative binomial
+      1.1-1.2x; the fuse-built normal (vector ``loc``, scalar ``scale``) 1.3-1.8x faster
+      than autodiff of its own ``f``.
+    * It is about even with plain autodiff of the same ``f`` where autodiff's own passes are
+      already few and cheap: ``gamma_lpdf``, the logit kernels from N = 10^4 (0.75-1.2x
+      over three runs; two copies of one compiled program timed in the same run came out
+      0.75-1.16x apart on this machine). How the forward rule is split into passes depends on
       what ``f`` does per element (plain arithmetic; transcendental functions with
       arithmetic verdicts; its own selects: see ``_layout``), because XLA:CPU runs a
       select-free reduction fast, a ``log``/``exp``/``lgamma`` inside a loop that writes an
