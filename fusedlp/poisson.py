@@ -76,17 +76,25 @@ def _table_log_factorial(k: jax.Array) -> jax.Array:
     return _lookup(table, jnp.clip(k, 0, _TABLE_SIZE - 1).astype(jnp.int32))
 
 
-def _log_factorial_array(k: jax.Array) -> jax.Array:
-    """``_log_factorial`` of a whole array, skipping Stirling's series when no count needs it.
+def _by_log_factorial(normalized: bool, k: jax.Array, pass_fn):
+    """``pass_fn(log_factorial)``: a kernel's whole pass, given how to form log k!.
 
     Count data are mostly small: when every k is below 32 (one max over k) the table alone
-    is the exact answer, and the log and the division of the series, computed for every
-    element and then selected away, are most of the cost (at N = 10^6 the sum of log k! took
-    0.77 ms this way against 3.1 ms). Under vmap the cond becomes a select of both: the same
-    values, at the old cost.
+    is the exact log k!, and the log and the division of Stirling's series, computed for
+    every element and then selected away, are most of the cost. So a normalized kernel's
+    pass, its value and its partial together, is the branch of one lax.cond on that max:
+    the table or the full formula. Making only log k! conditional, as before, wrote the
+    N-array of log k! (and the clipped counts it was formed from) out of the cond: at
+    N = 10^6 the log-rate value-and-gradient took 4.4-4.8 ms that way against 2.9-3.0 ms.
+    (``pass_fn(None)`` when ``normalized`` is False: no log k!.) A k off the support (k < 0,
+    non-integer, inf, NaN) can only send the max to the full formula, which is exact for
+    every count. Under vmap the cond becomes a select of both: the same values, slower.
     """
+    if not normalized:
+        return pass_fn(None)
     few = jnp.max(k, initial=0) < _TABLE_SIZE
-    return jax.lax.cond(few, _table_log_factorial, _log_factorial, k)
+    return jax.lax.cond(few, lambda: pass_fn(_table_log_factorial),
+                        lambda: pass_fn(_log_factorial))
 
 
 def _in_support(k, integer_k):
@@ -105,11 +113,12 @@ def _usable(param_ok, k, integer_k):
     return param_ok if integer_k else param_ok & ~jnp.isnan(k)
 
 
-def _finish(terms, k, param_ok, normalized, integer_k):
-    """Apply support/parameter verdicts elementwise and drop or subtract log k!."""
+def _finish(terms, k, param_ok, log_factorial, integer_k):
+    """Apply support/parameter verdicts elementwise and subtract log k! (formed by
+    ``log_factorial``; None: dropped, `normalized=False`)."""
     kok = _in_support(k, integer_k)
-    if normalized:
-        terms = terms - jnp.where(kok, _log_factorial_array(jnp.where(kok, k, 0.0)), 0.0)
+    if log_factorial is not None:
+        terms = terms - jnp.where(kok, log_factorial(jnp.where(kok, k, 0.0)), 0.0)
     terms = jnp.where(kok, terms, -jnp.inf)
     return jnp.where(_usable(param_ok, k, integer_k), terms, jnp.nan), kok
 
@@ -141,10 +150,10 @@ def _rate_ok(rate):
     return (rate >= 0) & jnp.isfinite(rate)  # no inf constant: see _poisson_propto_int_sum
 
 
-def _poisson_terms(normalized, k, rate, integer_k):
+def _poisson_terms(log_factorial, k, rate, integer_k):
     # k log(lam) with 0 log 0 = 0; at lam = 0, k > 0 this is -inf, as it should be.
     klog = jnp.where(k == 0, 0.0, k * jnp.log(rate))
-    return _finish(klog - rate, k, _rate_ok(rate), normalized, integer_k)
+    return _finish(klog - rate, k, _rate_ok(rate), log_factorial, integer_k)
 
 
 def _poisson_propto_int_sum(k, rate):
@@ -170,7 +179,8 @@ def _poisson_propto_int_sum(k, rate):
 def _poisson_value(normalized, integer_k, k, rate):
     if integer_k and not normalized:
         return _poisson_propto_int_sum(k, rate)
-    return jnp.sum(_poisson_terms(normalized, k, rate, integer_k)[0])
+    return _by_log_factorial(normalized, k, lambda log_factorial: jnp.sum(
+        _poisson_terms(log_factorial, k, rate, integer_k)[0]))
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0, 1))
@@ -178,24 +188,31 @@ def _poisson(normalized, integer_k, k, rate):
     return _poisson_value(normalized, integer_k, k, rate)
 
 
+def _poisson_drate(integer_k, k, rate):
+    # k / lam - 1: at k = 0 the division sees 1, not lam, so it is exactly -1, also at
+    # lam = 0 (no 0/0). A float k off the support (inf, say) is replaced by 0 first: its
+    # partial is selected away, and a second derivative would otherwise meet inf * 0 =
+    # NaN there. An invalid rate gives NaN: lam < 0 and NaN by the select, lam = inf by
+    # lam * 0 (an isfinite test instead doubled this pass: 0.47 against 0.25 ms at
+    # N = 10^6, where jax.grad of jax.scipy.stats takes 0.22 ms).
+    shape = jnp.broadcast_shapes(k.shape, rate.shape)
+    kok = _in_support(k, integer_k)
+    ks = k if integer_k else jnp.where(kok, k, 0.0)
+    d = ks / jnp.where(ks == 0, 1.0, rate) - 1.0
+    return _fold_partial(d, kok, rate >= 0, k, shape, rate.shape, integer_k,
+                         invalid=rate * 0.0)
+
+
 def _poisson_fwd(normalized, integer_k, k, rate):
     kv, rv = k.value, rate.value
-    value = _poisson_value(normalized, integer_k, kv, rv)
-    drate = None
-    if rate.perturbed:
-        # k / lam - 1: at k = 0 the division sees 1, not lam, so it is exactly -1, also at
-        # lam = 0 (no 0/0). A float k off the support (inf, say) is replaced by 0 first: its
-        # partial is selected away, and a second derivative would otherwise meet inf * 0 =
-        # NaN there. An invalid rate gives NaN: lam < 0 and NaN by the select, lam = inf by
-        # lam * 0 (an isfinite test instead doubled this pass: 0.47 against 0.25 ms at
-        # N = 10^6, where jax.grad of jax.scipy.stats takes 0.22 ms).
-        shape = jnp.broadcast_shapes(kv.shape, rv.shape)
-        kok = _in_support(kv, integer_k)
-        ks = kv if integer_k else jnp.where(kok, kv, 0.0)
-        d = ks / jnp.where(ks == 0, 1.0, rv) - 1.0
-        drate = _fold_partial(d, kok, rv >= 0, kv, shape, rv.shape, integer_k,
-                              invalid=rv * 0.0)
-    return value, drate
+    if not rate.perturbed:
+        return _poisson_value(normalized, integer_k, kv, rv), None
+    if integer_k and not normalized:
+        return _poisson_propto_int_sum(kv, rv), _poisson_drate(integer_k, kv, rv)
+    # the value and the partial in the same branch (see _by_log_factorial)
+    return _by_log_factorial(normalized, kv, lambda log_factorial: (
+        jnp.sum(_poisson_terms(log_factorial, kv, rv, integer_k)[0]),
+        _poisson_drate(integer_k, kv, rv)))
 
 
 _poisson.defvjp(_poisson_fwd, _bwd, symbolic_zeros=True)
@@ -207,26 +224,30 @@ def _log_rate_ok(log_rate):
     return log_rate < jnp.inf  # False for +inf and NaN; -inf (rate 0) is allowed
 
 
-def _poisson_log_terms(normalized, integer_k, k, log_rate, rate):
+def _poisson_log_terms(log_factorial, integer_k, k, log_rate, rate):
     keta = jnp.where(k == 0, 0.0, k * log_rate)  # 0 * (-inf) = 0 at the boundary
-    return _finish(keta - rate, k, _log_rate_ok(log_rate), normalized, integer_k)
+    return _finish(keta - rate, k, _log_rate_ok(log_rate), log_factorial, integer_k)
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0, 1))
 def _poisson_log(normalized, integer_k, k, log_rate):
-    terms, _ = _poisson_log_terms(normalized, integer_k, k, log_rate, jnp.exp(log_rate))
-    return jnp.sum(terms)
+    return _by_log_factorial(normalized, k, lambda log_factorial: jnp.sum(_poisson_log_terms(
+        log_factorial, integer_k, k, log_rate, jnp.exp(log_rate))[0]))
 
 
 def _poisson_log_fwd(normalized, integer_k, k, log_rate):
     kv, ev = k.value, log_rate.value
-    rate = jnp.exp(ev)  # computed once: the value and the partial both use it
-    terms, kok = _poisson_log_terms(normalized, integer_k, kv, ev, rate)
-    deta = None
-    if log_rate.perturbed:
-        deta = _fold_partial(kv - rate, kok, _log_rate_ok(ev), kv, terms.shape, ev.shape,
-                             integer_k)
-    return jnp.sum(terms), deta
+
+    def value_and_partial(log_factorial):  # one branch of _by_log_factorial's cond
+        rate = jnp.exp(ev)  # computed once: the value and the partial both use it
+        terms, kok = _poisson_log_terms(log_factorial, integer_k, kv, ev, rate)
+        deta = None
+        if log_rate.perturbed:
+            deta = _fold_partial(kv - rate, kok, _log_rate_ok(ev), kv, terms.shape,
+                                 ev.shape, integer_k)
+        return jnp.sum(terms), deta
+
+    return _by_log_factorial(normalized, kv, value_and_partial)
 
 
 _poisson_log.defvjp(_poisson_log_fwd, _bwd, symbolic_zeros=True)
