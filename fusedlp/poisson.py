@@ -33,6 +33,10 @@ _TABLE_SIZE = 32
 # ulp even at k = 0 (lgamma(1) = 2**-21 there, not 0).
 _LOG_FACTORIAL = np.array([math.lgamma(k + 1.0) for k in range(_TABLE_SIZE)])
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
+# Up to this many counts log k! takes the full formula directly: the lax.cond costs 1-3 us,
+# more than Stirling's series for so few elements (measured at N = 10 and 100: 0.6-2.8 us
+# saved; at 10^3 the cond saved 17 us).
+_SMALL = 128
 
 
 def _lookup(table: jax.Array, idx: jax.Array) -> jax.Array:
@@ -95,6 +99,8 @@ def _by_log_factorial(normalized: bool, k: jax.Array, pass_fn):
     """
     if not normalized:
         return pass_fn(None)
+    if k.size <= _SMALL:
+        return pass_fn(_log_factorial)
     few = jnp.max(k, initial=0) < _TABLE_SIZE
     return jax.lax.cond(few, lambda: pass_fn(_table_log_factorial),
                         lambda: pass_fn(_log_factorial))

@@ -431,6 +431,44 @@ def test_poisson_counts_around_and_beyond_the_table(form, dtype, tol):
 
 
 @poisson_forms
+@pytest.mark.parametrize("counts", ["all_below_32", "some_beyond", "off_support_float"])
+def test_poisson_large_n_log_factorial_branches(form, counts, rng, tol):
+    """Above fusedlp.poisson._SMALL counts a normalized kernel's value is the branch of a
+    cond on max(k) < 32 (the table alone, or table and Stirling); both branches, and an
+    off-support float count (which must send the max to the full formula), against scipy
+    and autodiff of the plain formula, value and gradient."""
+    f, to_param = POISSONS[form]
+    n = 1000
+    assert n > fusedlp.poisson._SMALL
+    k = rng.poisson(3.0, n).astype(np.int32)
+    if counts == "some_beyond":
+        k[::97] = rng.integers(32, 5000, len(k[::97]))
+    rate = rng.uniform(0.5, 6.0, n)
+    param = to_param(rate)
+    kk = k.astype(np.float64)
+    if counts == "off_support_float":
+        kk[5], kk[700] = 2.5, -1.0
+        k = kk
+    v, d = jax.value_and_grad(f, argnums=1)(k, param)
+    ok = (kk >= 0) & (kk == np.floor(kk))
+    if counts == "off_support_float":
+        assert v == -np.inf and d[5] == 0.0 and d[700] == 0.0
+        d_in = jax.grad(f, argnums=1)(kk[ok], param[ok])
+        np.testing.assert_allclose(np.asarray(d)[ok], d_in, rtol=tol(np.float64)["grad"])
+        return
+    want = scipy.stats.poisson.logpmf(k, rate).sum()
+    np.testing.assert_allclose(v, want, rtol=tol(np.float64)["value"])
+    dplain = jax.grad(lambda p: jnp.sum(scipy_like_poisson(kk, jnp.exp(p) if form ==
+                                                          "log_rate" else p)))(param)
+    np.testing.assert_allclose(d, dplain, rtol=tol(np.float64)["grad"])
+
+
+def scipy_like_poisson(k, rate):
+    """The plain formula, for autodiff references: k log(rate) - rate - lgamma(k + 1)."""
+    return k * jnp.log(rate) - rate - jax.scipy.special.gammaln(k + 1.0)
+
+
+@poisson_forms
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_poisson_log_factorial_sweep(form, dtype, tol):
     """At rate 1 (log-rate 0) the value is -1 - log k!: every k, whatever the method."""
