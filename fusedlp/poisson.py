@@ -81,7 +81,7 @@ def _table_log_factorial(k: jax.Array) -> jax.Array:
 
 
 def _by_log_factorial(normalized: bool, k: jax.Array, pass_fn):
-    """``pass_fn(log_factorial)``: a kernel's whole pass, given how to form log k!.
+    """``pass_fn(log_factorial)``: a kernel's summed value, given how to form log k!.
 
     Count data are mostly small: when every k is below 32 (one max over k) the table alone
     is the exact log k!, and the log and the division of Stirling's series, computed for
@@ -232,17 +232,20 @@ def _poisson_log_terms(log_factorial, integer_k, k, log_rate, rate):
     return _finish(keta - rate, k, _log_rate_ok(log_rate), log_factorial, integer_k)
 
 
+def _poisson_log_value(normalized, integer_k, k, log_rate, rate):
+    return _by_log_factorial(normalized, k, lambda log_factorial: jnp.sum(
+        _poisson_log_terms(log_factorial, integer_k, k, log_rate, rate)[0]))
+
+
 @partial(jax.custom_vjp, nondiff_argnums=(0, 1))
 def _poisson_log(normalized, integer_k, k, log_rate):
-    return _by_log_factorial(normalized, k, lambda log_factorial: jnp.sum(_poisson_log_terms(
-        log_factorial, integer_k, k, log_rate, jnp.exp(log_rate))[0]))
+    return _poisson_log_value(normalized, integer_k, k, log_rate, jnp.exp(log_rate))
 
 
 def _poisson_log_fwd(normalized, integer_k, k, log_rate):
     kv, ev = k.value, log_rate.value
     rate = jnp.exp(ev)  # the value and the partial both use it
-    value = _by_log_factorial(normalized, kv, lambda log_factorial: jnp.sum(
-        _poisson_log_terms(log_factorial, integer_k, kv, ev, rate)[0]))
+    value = _poisson_log_value(normalized, integer_k, kv, ev, rate)
     deta = None
     if log_rate.perturbed:
         shape = jnp.broadcast_shapes(kv.shape, ev.shape)
