@@ -19,8 +19,9 @@ observation), the shape-type parameters are scalars, and all of them are differe
 Before timing, every variant's value and gradient is compared with autodiff (rtol 1e-9); a
 disagreement aborts the run. Where fuse's value path is the plain sum (most cases), the fused
 value and autodiff[f]'s value compile to the same program (compared as optimized HLO text):
-that pair is an A/A test, and the targets table reports its ratios as the run's own noise. Timing is ``bench/_timing.py``'s: round-robin over variants,
-``block_until_ready`` per call, median reported. JAX's asynchronous CPU dispatch is off.
+that pair is an A/A test, and the targets table reports its ratios as the run's own noise.
+Timing is ``bench/_timing.py``'s: round-robin over variants, ``block_until_ready`` per call,
+median reported. JAX's asynchronous CPU dispatch is off.
 
 Run ``python -m bench fuse --help``.
 """
