@@ -5,6 +5,9 @@ For every kernel, dtype and size N = 10 ... 10^7 (by decades) this times, in one
 * the fused ``fusedlp`` kernel: value, gradient, value-and-gradient (jit, CPU);
 * jax autodiff of what a user would write without fusedlp (``jax.scipy.stats`` or the
   plain formula): value, gradient, value-and-gradient;
+* a second compilation of the first autodiff baseline, timed as a variant of its own: the
+  two copies run the same program, so their ratio is this run's noise (an A/A test), the
+  yardstick for "slower than autodiff beyond noise";
 * a single-threaded ``@njit(fastmath=True)`` loop written as a careful hand-optimiser
   would (one pass for value and gradient, precomputed constants, float64 accumulator also
   for float32 data), allocating its gradient array on every call (as a JAX function must).
@@ -43,6 +46,9 @@ EAM_BETA = 3.0
 EAM_COEFFS = (0.0, 1.0, 1.0, 0.25)
 
 KINDS = ("value", "grad", "vg")
+# Ratios within 10 % of 1 are called a tie: the A/A pairs of a full run spread about that
+# far (the targets table prints this run's spread), as in bench fuse.
+NOISE = 0.10
 FAMILIES = ("normal", "poisson", "poisson_log", "eam")
 DEFAULT_JSON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "kernels.json")
 
@@ -535,6 +541,12 @@ def bench_one(case: Case, dtype: str, n: int, cfg: Config) -> dict:
         impls[b.key] = _jax_variants(b.fn, jargs)
         if b.offset is not None:
             offsets[b.key] = b.offset(theta, *consts)
+    # A/A: the first baseline compiled again, as its own executable and timed as its own
+    # variant. Same program, so baseline / aa is pure noise.
+    first = case.baselines(dt)[0]
+    impls["aa"] = _jax_variants(first.fn, jargs)
+    if first.key in offsets:
+        offsets["aa"] = offsets[first.key]
 
     numba_fns = case.make_numba(dt.type)
     impls["numba"] = {}
@@ -591,6 +603,8 @@ def bench_one(case: Case, dtype: str, n: int, cfg: Config) -> dict:
     for b in case.baseline_keys:
         for kind in KINDS:
             ratios[f"{b}_{kind}_over_fused_{kind}"] = med[f"{b}.{kind}"] / med[f"fused.{kind}"]
+    for kind in KINDS:
+        ratios[f"aa_{kind}"] = med[f"{case.baseline_keys[0]}.{kind}"] / med[f"aa.{kind}"]
     return {
         "case": case.key, "family": case.family, "kernel": case.title,
         "normalized": case.normalized, "dtype": dt.name, "n": n,
@@ -691,7 +705,18 @@ def evaluate_targets(results: list[dict], dtype: str = "float64") -> list[dict]:
                + ", ".join(f"{c} {n:.0e} ({x:.3g}, floor {floor[c, n]:.3g})"
                            for c, n, x in bad) if bad else ""),
             [{"case": c, "n": n, "ratio": x, "floor": floor[c, n]} for c, n, x in m])
-    # 2. fused never slower than jax autodiff (every baseline, value / grad / v&g)
+    # 2. fused never slower than jax autodiff beyond noise (every baseline, value / grad /
+    # v&g), with this run's A/A pairs (a baseline against its second compilation) first
+    aa = [(r["case"], kind, r["n"], r["ratios"][f"aa_{kind}"])
+          for r in rs for kind in KINDS if f"aa_{kind}" in r["ratios"]]
+    if aa:
+        out = [x for x in aa if abs(x[3] - 1) > NOISE]
+        add("A/A noise: autodiff timed against a second compilation of itself", None,
+            "; ".join(f"{kind} {min(x[3] for x in aa if x[1] == kind):.2f}-"
+                      f"{max(x[3] for x in aa if x[1] == kind):.2f}" for kind in KINDS)
+            + f" over {len(aa) // len(KINDS)} sizes x kernels; outside 1 +- {NOISE:.2f}: "
+            + (", ".join(f"{c} {k} {n:.0e} ({x:.2f})" for c, k, n, x in out) or "none"),
+            [{"case": c, "kind": k, "n": n, "ratio": x} for c, k, n, x in aa])
     m = []
     for r in rs:
         for b in r["baselines"]:
@@ -700,13 +725,14 @@ def evaluate_targets(results: list[dict], dtype: str = "float64") -> list[dict]:
     if m:
         for kind in KINDS:
             mk = [x for x in m if x[2] == kind]
-            bad = [x for x in mk if x[4] < 1.0]
+            bad = [x for x in mk if x[4] < 1 - NOISE]
+            below = sum(1 for x in mk if x[4] < 1)
             worst = min(mk, key=lambda x: x[4])
-            noise = sum(1 for x in bad if x[4] >= 0.95)
-            add(f"fused {kind} never slower than autodiff {kind}", not bad,
+            add(f"fused {kind} never slower than autodiff {kind} beyond noise ({NOISE:.0%})",
+                not bad,
                 f"worst autodiff/fused = {worst[4]:.3g} "
-                f"({worst[0]} vs {worst[1]}, N={worst[3]:.0e})"
-                + (f"; {len(bad)} of {len(mk)} below 1 ({noise} of them within 5%): "
+                f"({worst[0]} vs {worst[1]}, N={worst[3]:.0e}); {below} of {len(mk)} below 1"
+                + (f", {len(bad)} below {1 - NOISE:.2f}: "
                    + ", ".join(f"{c}[{b}] {n:.0e} ({x:.3g})" for c, b, _, n, x in bad)
                    if bad else ""),
                 [{"case": c, "baseline": b, "n": n, "ratio": x} for c, b, _, n, x in mk])
@@ -733,7 +759,8 @@ def targets_md(targets: list[dict], dtype="float64") -> str:
         return ""
     lines = [f"### Targets ({dtype}, this run)\n", "| target | met | measured |", "|---|:-:|---|"]
     for t in targets:
-        lines.append(f"| {t['target']} | {'yes' if t['met'] else '**no**'} | {t['detail']} |")
+        met = "—" if t["met"] is None else ("yes" if t["met"] else "**no**")
+        lines.append(f"| {t['target']} | {met} | {t['detail']} |")
     return "\n".join(lines) + "\n"
 
 

@@ -72,6 +72,28 @@ def test_quick_fuse_benchmark_reports_both_autodiff_references(tmp_path):
     assert "| A/A noise: the same compiled program timed as two variants" in p.stdout
 
 
+def test_quick_kernel_benchmark_times_an_aa_pair(tmp_path):
+    """`python -m bench kernels`: the first autodiff baseline is compiled twice and timed as
+    two variants; their ratio (the run's noise) is in the JSON and in the targets table,
+    and "slower than autodiff" is judged beyond that noise."""
+    out_json = tmp_path / "kernels.json"
+    p = _bench("kernels", "--quick", "--kernels", "eam", "--dtypes", "float64",
+               "--min-n", "100", "--max-n", "1000", "--json", str(out_json))
+    assert p.returncode == 0, p.stderr
+    assert "| A/A noise: autodiff timed against a second compilation of itself |" in p.stdout
+    assert "| fused grad never slower than autodiff grad beyond noise (10%) |" in p.stdout
+    doc = json.loads(out_json.read_text())
+    assert [r["n"] for r in doc["results"]] == [100, 1000]
+    for r in doc["results"]:
+        med = {k: v["median"] for k, v in r["variants"].items()}
+        for kind in ("value", "grad", "vg"):
+            assert r["ratios"][f"aa_{kind}"] == pytest.approx(
+                med[f"plain.{kind}"] / med[f"aa.{kind}"])
+            assert r["check"]["errors"][f"aa.{kind}"]  # checked before timing, like the rest
+    (aa,) = [t for t in doc["targets_float64"] if t["target"].startswith("A/A")]
+    assert aa["met"] is None and len(aa["measured"]) == 2 * 3
+
+
 # ------------------------------------------------------------------ sharding and throughput
 
 
