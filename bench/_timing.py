@@ -24,14 +24,21 @@ import jax
 import numpy as np
 
 __all__ = (
+    "NOISE",
     "Stats",
     "aot_compile",
     "fmt_ratio",
     "fmt_us",
     "machine_info",
     "program_text",
+    "targets_md",
     "time_interleaved",
 )
+
+# Ratios within 10 % of 1 are called a tie: timings move about that much on this machine,
+# and the A/A pairs that bench kernels and bench fuse time (one program, two variants)
+# spread about that far; both print their run's spread.
+NOISE = 0.10
 
 
 # --------------------------------------------------------------------------- machine
@@ -258,6 +265,17 @@ def fmt_us(seconds: float | None) -> str:
 
 def fmt_ratio(r: float | None) -> str:
     return "—" if r is None or not math.isfinite(r) else fmt_sig(r, 3)
+
+
+def targets_md(targets: list[dict], heading: str = "Targets (this run)") -> str:
+    """A benchmark's acceptance targets as a markdown table (``met`` None: a measurement)."""
+    if not targets:
+        return ""
+    lines = [f"### {heading}\n", "| target | met | measured |", "|---|:-:|---|"]
+    for t in targets:
+        met = "—" if t["met"] is None else ("yes" if t["met"] else "**no**")
+        lines.append(f"| {t['target']} | {met} | {t['detail']} |")
+    return "\n".join(lines) + "\n"
 
 
 def write_json(path: str, doc: dict, wall: float) -> None:

@@ -347,10 +347,7 @@ def main(args) -> int:
           f"({machine['backend']}), numba {machine.get('numba')}. Wall time {wall:.0f} s.\n")
     print(tables(results))
     if targets:
-        print("### Targets (this run)\n\n| target | met | measured |\n|---|:-:|---|")
-        for t in targets:
-            print(f"| {t['target']} | {'yes' if t['met'] else '**no**'} | {t['detail']} |")
-        print()
+        print(_timing.targets_md(targets))
     if args.json:
         _timing.write_json(args.json, {
             "benchmark": "fusedlp fit",

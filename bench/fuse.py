@@ -40,10 +40,9 @@ import jax
 import numpy as np
 
 from bench import _timing
-from bench._timing import fmt_ratio, fmt_us
+from bench._timing import NOISE, fmt_ratio, fmt_us
 
 DEFAULT_JSON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "fuse.json")
-NOISE = 0.10  # ratios within 10 % of 1 are called a tie (timings move ~±10 % on this machine)
 
 
 class CorrectnessError(RuntimeError):
@@ -371,14 +370,6 @@ def evaluate_targets(results: list[dict]) -> list[dict]:
     return targets
 
 
-def targets_md(targets: list[dict]) -> str:
-    lines = ["### Targets (this run)\n", "| target | met | measured |", "|---|:-:|---|"]
-    for t in targets:
-        met = "—" if t["met"] is None else ("yes" if t["met"] else "**no**")
-        lines.append(f"| {t['target']} | {met} | {t['detail']} |")
-    return "\n".join(lines) + "\n"
-
-
 def add_arguments(p) -> None:
     p.add_argument("--quick", action="store_true",
                    help="N = 10^3, 10^4 and few repeats (well under a minute)")
@@ -427,7 +418,7 @@ def main(args) -> int:
           f"Wall time {wall:.0f} s; load average at start "
           f"{machine.get('load_average_1_5_15min')}.\n")
     print(tables(results))
-    print(targets_md(targets))
+    print(_timing.targets_md(targets))
     if args.json:
         _timing.write_json(args.json, {
             "benchmark": "fusedlp.fuse", "machine": machine, "config": cfg, "sizes": sizes,

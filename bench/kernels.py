@@ -36,7 +36,7 @@ import jax
 import numpy as np
 
 from bench import _timing
-from bench._timing import fmt_ratio, fmt_us
+from bench._timing import NOISE, fmt_ratio, fmt_us
 
 HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 NORMAL_SCALE = 1.3
@@ -46,9 +46,6 @@ EAM_BETA = 3.0
 EAM_COEFFS = (0.0, 1.0, 1.0, 0.25)
 
 KINDS = ("value", "grad", "vg")
-# Ratios within 10 % of 1 are called a tie: the A/A pairs of a full run spread about that
-# far (the targets table prints this run's spread), as in bench fuse.
-NOISE = 0.10
 FAMILIES = ("normal", "poisson", "poisson_log", "eam")
 DEFAULT_JSON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "kernels.json")
 
@@ -537,13 +534,14 @@ def bench_one(case: Case, dtype: str, n: int, cfg: Config) -> dict:
     impls["fused"] = _jax_variants(case.make_fused(dt), jargs)
     impls["write"] = _write_variant(jargs)
     offsets = {}
-    for b in case.baselines(dt):
+    baselines = case.baselines(dt)
+    for b in baselines:
         impls[b.key] = _jax_variants(b.fn, jargs)
         if b.offset is not None:
             offsets[b.key] = b.offset(theta, *consts)
     # A/A: the first baseline compiled again, as its own executable and timed as its own
     # variant. Same program, so baseline / aa is pure noise.
-    first = case.baselines(dt)[0]
+    first = baselines[0]
     impls["aa"] = _jax_variants(first.fn, jargs)
     if first.key in offsets:
         offsets["aa"] = offsets[first.key]
@@ -708,7 +706,7 @@ def evaluate_targets(results: list[dict], dtype: str = "float64") -> list[dict]:
     # 2. fused never slower than jax autodiff beyond noise (every baseline, value / grad /
     # v&g), with this run's A/A pairs (a baseline against its second compilation) first
     aa = [(r["case"], kind, r["n"], r["ratios"][f"aa_{kind}"])
-          for r in rs for kind in KINDS if f"aa_{kind}" in r["ratios"]]
+          for r in rs for kind in KINDS]
     if aa:
         out = [x for x in aa if abs(x[3] - 1) > NOISE]
         add("A/A noise: autodiff timed against a second compilation of itself", None,
@@ -752,16 +750,6 @@ def evaluate_targets(results: list[dict], dtype: str = "float64") -> list[dict]:
             "jax.scipy.stats.poisson.logpmf at N = 1e6", all(x >= 5 for _, x in m),
             ", ".join(f"{c}: {x:.3g}x" for c, x in m), [{"case": c, "ratio": x} for c, x in m])
     return targets
-
-
-def targets_md(targets: list[dict], dtype="float64") -> str:
-    if not targets:
-        return ""
-    lines = [f"### Targets ({dtype}, this run)\n", "| target | met | measured |", "|---|:-:|---|"]
-    for t in targets:
-        met = "—" if t["met"] is None else ("yes" if t["met"] else "**no**")
-        lines.append(f"| {t['target']} | {met} | {t['detail']} |")
-    return "\n".join(lines) + "\n"
 
 
 # =============================================================================== CLI
@@ -843,7 +831,7 @@ def main(args) -> int:
           f"({machine['platform']}); jax/jaxlib {machine['jax']}/{machine['jaxlib']} "
           f"({machine['backend']}), numba {machine.get('numba')}. Wall time {wall:.0f} s.\n")
     print(text)
-    print(targets_md(targets))
+    print(_timing.targets_md(targets, "Targets (float64, this run)"))
 
     if args.json:
         _timing.write_json(args.json, {
