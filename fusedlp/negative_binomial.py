@@ -24,8 +24,9 @@ from fusedlp.poisson import _log_factorial
 # for mu << phi, where the model tends to Poisson. lgamma(k + phi) - lgamma(phi) does cancel
 # at large phi, as in scipy's nbinom.logpmf: relative error about 5e-11 at phi = 1e5 and
 # 1e-9 at 1e7 for small k in float64. Near the Poisson limit, use poisson_lpmf.) log k!
-# does not depend on the parameters: it appears in no partial and `normalized=False` drops it; it is the same table-and-Stirling log k! as
-# poisson_lpmf (exact for small k in float32). k is data: zero cotangent (none for integer k).
+# does not depend on the parameters: it appears in no partial and `normalized=False` drops
+# it; it is the same table-and-Stirling log k! as poisson_lpmf (exact for small k in
+# float32). k is data: zero cotangent (none for integer k).
 # fuse forms the partials by forward mode in one pass with the value.
 #
 # Edges: k < 0, non-integer or infinite k is outside the support (-inf, zero partials).

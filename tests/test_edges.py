@@ -437,7 +437,7 @@ def test_poisson_large_n_log_factorial_branches(form, counts, rng, tol):
     """Above fusedlp.poisson._SMALL counts a normalized kernel's value is the branch of a
     cond on max(k) < 32 (the table alone, or table and Stirling); both branches, and an
     off-support float count (which must send the max to the full formula), against scipy
-    and autodiff of the plain formula, value and gradient."""
+    and autodiff of jax.scipy.stats, value and gradient."""
     f, to_param = POISSONS[form]
     n = 1000
     assert n > fusedlp.poisson._SMALL
