@@ -55,6 +55,19 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def _git_commit() -> str | None:
+    """The checkout's commit (``-dirty`` with uncommitted changes); None outside a git clone."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12"],
+                             cwd=os.path.dirname(os.path.abspath(__file__)),
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
 def _cpu_flags() -> list[str]:
     try:
         with open("/proc/cpuinfo") as fh:
@@ -91,6 +104,7 @@ def machine_info() -> dict:
         "malloc_env": {k: v for k, v in os.environ.items()
                        if k.startswith("MALLOC_") or k in ("GLIBC_TUNABLES", "LD_PRELOAD")},
         "numpy": np.__version__,
+        "fusedlp_commit": _git_commit(),
         "load_average_1_5_15min": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
     }
     try:
