@@ -1,12 +1,9 @@
-"""``python -m bench [SUBCOMMAND] ...``: the benchmark entry point.
+"""``python -m bench [SUBCOMMAND] [OPTIONS]``: the benchmark entry point (also installed as
+``fusedlp-bench``).
 
-Subcommands:
-  studies   the five seed studies, one table each, and the headline table (the default)
-  kernels   fused kernels vs jax autodiff vs hand-written numba loops, N = 10 .. 1e7
-  fit       per-step cost of fusedlp.fit's compiled loop vs a Python loop and one v&g call
-  fuse      fusedlp.fuse-built kernels vs jax autodiff of the same formula, N = 1e3 .. 1e6
-  sharding  value-and-gradient sharded over 4 forced CPU devices vs 1 device; GPU throughput
-  summary   the README headline table, read from the kernels JSON
+Each subcommand is a module of this package with ``add_arguments(parser)`` and
+``main(args)``; the first line of its docstring is its one-line help. With no subcommand,
+``studies`` runs. ``--help`` lists every subcommand's options.
 """
 
 from __future__ import annotations
@@ -20,7 +17,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="python -m bench",
-        description="fusedlp benchmarks. With no subcommand, runs `studies` (every seed study).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="fusedlp benchmarks. With no subcommand, runs 'studies': five studies of "
+                    "what gradients cost,\neach rerunning a public write-up with JAX and "
+                    "fusedlp (the main job).",
     )
     sub = parser.add_subparsers(dest="command", metavar="SUBCOMMAND")
     # each module has add_arguments(parser) and main(args); its docstring's first line is
@@ -28,11 +28,23 @@ def build_parser() -> argparse.ArgumentParser:
     commands = {"studies": studies, "kernels": kernels, "fit": fit, "fuse": fuse,
                 "sharding": sharding, "summary": summary}
     for name, module in commands.items():
-        help_ = (module.__doc__ or name).strip().splitlines()[0]
+        help_ = (module.__doc__ or name).strip().splitlines()[0].replace("``", "")
         p = sub.add_parser(name, help=help_, description=help_)
         module.add_arguments(p)
         p.set_defaults(run=module.main)
+    parser.epilog = _options_of_every_subcommand(sub)
     return parser
+
+
+def _options_of_every_subcommand(sub) -> str:
+    """Each subcommand's options, as its own --help prints them, for the top-level --help."""
+    parts = []
+    for name, p in sub.choices.items():
+        text = p.format_help()
+        opts = text[text.find("options:"):].split("\n", 1)[1].rstrip()
+        default = " (the default)" if name == "studies" else ""
+        parts.append(f"python -m bench {name}{default}: {p.description}\n{opts}")
+    return "\n\n".join(parts)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,51 +1,134 @@
-"""README headline table, read from a kernel benchmark's JSON (no timing is done here).
+"""Print the benchmark tables from saved results (JSON); times nothing.
 
-``python -m bench summary [--json bench/results/kernels.json]`` prints, for float64 and
-N = 1e4, 1e6, 1e7, each kernel's value and value-and-gradient times, their ratio, and the
-fused kernel against jax autodiff and the numba hand loop: the table README.md shows, so
-that its numbers are the ones the code produced.
+``python -m bench summary [--results DIR]`` reads the JSON files the benchmarks write
+(``studies.json``, ``kernels.json``, ``fuse.json``, ``fit.json``, ``sharding.json``) from
+``DIR`` and prints one markdown section per file found, each headed by the date, the machine
+and the commit it was measured on. The documentation's performance page is this output for
+the results committed in ``docs/results/``, so its numbers are the ones the code produced.
 """
 
 from __future__ import annotations
 
 import json
+import os
 
 from bench._timing import fmt_ratio, fmt_us
-from bench.kernels import DEFAULT_JSON
 
+DEFAULT_RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 SIZES = (10**4, 10**6, 10**7)
+# the order of the sections, and the file each one reads
+SECTIONS = ("studies", "kernels", "fuse", "fit", "sharding")
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--json", default=DEFAULT_JSON, metavar="PATH",
-                   help="kernel benchmark results (default: bench/results/kernels.json)")
-    p.add_argument("--dtype", default="float64")
+    p.add_argument("--results", default=DEFAULT_RESULTS, metavar="DIR",
+                   help="folder holding the benchmarks' JSON files (default: bench/results, "
+                        "where the benchmarks write them; docs/results holds the committed "
+                        "ones)")
+    p.add_argument("--section", action="append", choices=SECTIONS, metavar="NAME",
+                   help=f"print only this section (repeatable; one of {', '.join(SECTIONS)})")
+
+
+def machine_line(doc: dict) -> str:
+    """Date, machine, software and commit of one saved run, in one sentence."""
+    m = doc["machine"]
+    load = m.get("load_average_1_5_15min")
+    parts = [f"Measured {m['date'][:10]} on {m['cpu_model']} ({m['cpu_count']} cores, "
+             f"{m['platform']})", f"jax {m['jax']} ({m['backend']})"]
+    if m.get("numba"):
+        parts.append(f"numba {m['numba']}")
+    if m.get("fusedlp_commit"):
+        parts.append(f"fusedlp commit {m['fusedlp_commit']}")
+    if load:
+        parts.append(f"load average {load[0]:.2f} at the start")
+    if doc.get("quick"):
+        parts.append("**quick mode** (small sizes, few repeats)")
+    return "; ".join(parts) + "."
+
+
+def kernels_table(doc: dict, dtype: str = "float64") -> str:
+    """Each hand-written kernel at N = 1e4, 1e6, 1e7: value, value-and-gradient, jax
+    autodiff and the numba loop."""
+    lines = [
+        "| kernel | N | value µs | v&g µs | v&g / value | autodiff v&g µs | autodiff / fused "
+        "| numba v&g µs | fused / numba |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in doc["results"]:
+        if r["dtype"] != dtype or r["n"] not in SIZES:
+            continue
+        v, q = r["variants"], r["ratios"]
+        base = "stats" if "stats" in r["baselines"] else r["baselines"][0]
+        decade = len(str(r["n"])) - 1
+        lines.append(
+            f"| `{r['kernel']}` | 10^{decade} | {fmt_us(v['fused.value']['median'])} "
+            f"| {fmt_us(v['fused.vg']['median'])} | {fmt_ratio(q['fused_vg_over_value'])} "
+            f"| {fmt_us(v[base + '.vg']['median'])} "
+            f"| {fmt_ratio(q[base + '_vg_over_fused_vg'])} "
+            f"| {fmt_us(v['numba.vg']['median'])} | {fmt_ratio(q['fused_vg_over_numba_vg'])} |")
+    return "\n".join(lines)
+
+
+def section(name: str, doc: dict) -> str:
+    """One section's markdown: a heading, what is measured, the machine line, the table."""
+    if name == "studies":
+        from bench.studies import headline_table
+
+        return "\n\n".join([
+            "### The seed studies (`python -m bench`)",
+            "Each study at the size its write-up used (and at n = 10⁶ where it has one): the "
+            "value's time, the fastest automatic-differentiation gradient, fusedlp's gradient, "
+            "and both gradients as a multiple of the value (below 1: the gradient is cheaper "
+            "than the value). Gradient alone, as the write-ups time it.",
+            machine_line(doc), headline_table(doc["results"])])
+    if name == "kernels":
+        return "\n\n".join([
+            "### Hand-written kernels (`python -m bench kernels`)",
+            "float64, median µs per call. v&g = value and gradient in one call; autodiff = "
+            "`jax.value_and_grad` of the `jax.scipy.stats` log-density (the plain formula for "
+            "EAM), jitted; numba = a single-threaded hand-written loop that allocates its "
+            "gradient. autodiff / fused above 1: fusedlp is faster; fused / numba below 1: "
+            "fusedlp is faster.",
+            machine_line(doc), kernels_table(doc)])
+    if name == "fuse":
+        from bench.fuse import tables
+
+        return "\n\n".join(["### Kernels built with `fuse` (`python -m bench fuse`)",
+                            machine_line(doc), tables(doc["results"]).replace("### ", "#### ")])
+    if name == "fit":
+        from bench.fit import tables
+
+        return "\n\n".join([
+            "### Fitting (`python -m bench fit`)",
+            "A normal model with scalar loc and scale. K steps of `fusedlp.fit`'s compiled loop "
+            "against the same steps driven from a Python loop, and one bare value-and-gradient "
+            "call.", machine_line(doc), tables(doc["results"]).replace("### ", "#### ")])
+    if name == "sharding":
+        from bench.sharding import _sharding_table
+
+        return "\n\n".join([
+            "### Sharding (`python -m bench sharding`)",
+            "Value and gradient, jitted, with the data split over 4 forced CPU devices against "
+            "the same data on one device (median ms per call, IQR in brackets). The devices "
+            "share the machine's cores, so the check is that sharding adds no data movement "
+            "(the collectives column), not a speed-up.",
+            machine_line(doc), _sharding_table(doc["results"])])
+    raise ValueError(name)
+
+
+def render(results_dir: str, sections=SECTIONS) -> str:
+    """Every section whose JSON is in ``results_dir``, as one markdown string."""
+    out = []
+    for name in sections:
+        path = os.path.join(results_dir, f"{name}.json")
+        if os.path.exists(path):
+            with open(path) as fh:
+                out.append(section(name, json.load(fh)))
+    if not out:
+        raise SystemExit(f"no benchmark results (studies.json, kernels.json, ...) in "
+                         f"{results_dir}; run a benchmark first, e.g. python -m bench kernels")
+    return "\n\n".join(out) + "\n"
 
 
 def main(args) -> int:
-    with open(args.json) as fh:
-        doc = json.load(fh)
-    m = doc["machine"]
-    print(f"Measured {m['date'][:10]} on {m['cpu_model']}, {m['cpu_count']} cores, "
-          f"jax {m['jax']} ({m['backend']}), numba {m.get('numba')}; {args.dtype}, median "
-          "per call. autodiff = jax.value_and_grad of the jax.scipy.stats log-density (for the "
-          "propto rows "
-          "too, i.e. with log k!; the plain formula for EAM); numba = single-thread hand "
-          "loop allocating its gradient. All tables: python -m bench kernels.\n")
-    print("| kernel | N | value µs | v&g µs | v&g / value | floor / value | autodiff v&g µs "
-          "| autodiff / fused | numba v&g µs | fused / numba |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for r in doc["results"]:
-        if r["dtype"] != args.dtype or r["n"] not in SIZES:
-            continue
-        v = r["variants"]
-        base = "stats" if "stats" in r["baselines"] else r["baselines"][0]
-        q = r["ratios"]
-        decade = len(str(r["n"])) - 1
-        print(f"| `{r['kernel']}` | 10^{decade} | {fmt_us(v['fused.value']['median'])} "
-              f"| {fmt_us(v['fused.vg']['median'])} | {fmt_ratio(q['fused_vg_over_value'])} "
-              f"| {fmt_ratio(q.get('floor_vg_over_value'))} "
-              f"| {fmt_us(v[base + '.vg']['median'])} "
-              f"| {fmt_ratio(q[base + '_vg_over_fused_vg'])} "
-              f"| {fmt_us(v['numba.vg']['median'])} | {fmt_ratio(q['fused_vg_over_numba_vg'])} |")
+    print(render(args.results, args.section or SECTIONS), end="")
     return 0

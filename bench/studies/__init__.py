@@ -1,14 +1,14 @@
-"""The five seed studies (``../shared/seeds/``), reproduced with JAX and fusedlp.
+"""The five studies: public write-ups on the cost of gradients, reproduced with JAX and fusedlp.
 
-``python -m bench`` runs them all and prints one markdown table per study, the seed's ratios
-beside ours, and the headline table README.md shows. Each study is a module with
+Each study answers one write-up (a gist, an issue or a forum thread, named in its module's
+``SOURCE``). ``python -m bench`` runs them all and prints one markdown table per study, the
+write-up's ratios beside ours, and a headline table. Each study is a module with
 ``run(quick) -> dict`` (JSON-ready), ``comparison(result)`` and, where it has more to show,
 ``extra_tables(result)``; the notebooks in ``notebooks/`` call the same functions.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -49,18 +49,42 @@ def setup() -> dict:
     return _timing.machine_info()
 
 
+TABLE_NOTE = (
+    "Each row is one way of computing the value or a gradient at size n, checked against a "
+    "reference before anything is timed. median µs: the median time per call after "
+    "compilation; IQR µs: the inter-quartile range of those calls; × value: the time as a "
+    "multiple of the value's at the same n (below 1: cheaper than the value); compile ms: "
+    "the compile time, not part of the median; jit: compiled with jax.jit (no: run operation "
+    "by operation, or a numba function).")
+COMPARISON_NOTE = (
+    "Each row puts a ratio the write-up reports (measured on its author's machine, mostly in "
+    "Julia) beside the matching ratio measured here. The machines differ, so ratios are "
+    "compared, not times.")
+
+
 def study_markdown(result: dict) -> str:
     mod = STUDIES[result["study"]]
-    parts = [f"## {result['title']}",
-             (f"Seed: `{result['seed']}`. Study `{result['study']}`"
-              f"{' (quick mode)' if result['quick'] else ''}, "
+    parts = [f"## {result['title']}", "",
+             (f"This study measures {mod.MEASURES}. It answers {result['source']}. "
+              f"Study `{result['study']}`{' (quick mode)' if result['quick'] else ''}: "
               f"{len(result['checks'])} correctness checks passed before timing."), "",
-             table(result)]
+             TABLE_NOTE, "", table(result)]
     for title, md in getattr(mod, "extra_tables", lambda r: [])(result):
         parts += ["", f"**{title}**", "", md]
-    parts += ["", "**Ratios: the seed's against ours**", "", comparison_table(
-        mod.comparison(result))]
+    parts += ["", "**Ratios: the write-up's against ours**", "", COMPARISON_NOTE, "",
+              comparison_table(mod.comparison(result))]
     return "\n".join(parts)
+
+
+INTRO = (
+    "Each study reruns, with JAX and fusedlp, a public write-up (a gist, an issue or a forum "
+    "thread, most in Julia) about the cost of gradients of a simple log-density or potential. "
+    "Every table is preceded by what it measures and which write-up it answers. Run "
+    "`python -m bench --help` for the other benchmarks.")
+HEADLINE_NOTE = (
+    "One row per study and size: the value's time, the fastest automatic-differentiation "
+    "gradient and fusedlp's gradient (gradient alone, as the write-ups time it), and each "
+    "gradient as a multiple of the value (below 1: the gradient costs less than the value).")
 
 
 def headline_table(results: list[dict]) -> str:
@@ -98,8 +122,6 @@ def add_arguments(p) -> None:
                    help="write every figure, check and the machine record here "
                         "(default: bench/results/studies.json)")
     p.add_argument("--plots", metavar="DIR", help="write one PNG per study (log-log time vs n)")
-    p.add_argument("--headline-from", metavar="PATH",
-                   help="time nothing: print the headline table (README's) from a saved JSON")
 
 
 def _log(*a) -> None:
@@ -107,17 +129,13 @@ def _log(*a) -> None:
 
 
 def main(args) -> int:
-    if args.headline_from:
-        doc = load(args.headline_from)
-        print(header(doc["machine"]) + (" Quick mode." if doc["quick"] else "") + "\n")
-        print(headline_table(doc["results"]))
-        return 0
     names = args.study or list(STUDIES)
     unknown = [n for n in names if n not in STUDIES]
     if unknown:
         raise SystemExit(f"unknown study {unknown}; choose from {', '.join(STUDIES)}")
     machine = setup()
-    print("# fusedlp: the seed studies\n")
+    print("# fusedlp: five studies of what gradients cost\n")
+    print(INTRO + "\n")
     print(header(machine) + "\n")
     t0 = time.perf_counter()
     results = []
@@ -134,18 +152,15 @@ def main(args) -> int:
             save_plot(res, path, STUDIES[name].comparison(res))
             _log(f"#   wrote {path}")
     wall = time.perf_counter() - t0
-    print("## Headline: each study at its seed's n, and at n = 10⁶ where it has one\n")
+    print("## Headline: each study at its write-up's n, and at n = 10⁶ where it has one\n")
+    print(HEADLINE_NOTE + "\n")
     print(headline_table(results))
     print(f"\nWall time {wall:.0f} s{' (quick mode)' if args.quick else ''}.")
     if args.json:
         from bench._timing import write_json
 
-        write_json(args.json, {"benchmark": "fusedlp seed studies", "machine": machine,
+        write_json(args.json, {"benchmark": "fusedlp studies", "machine": machine,
                                "quick": args.quick, "results": results}, wall)
         _log(f"# wrote {args.json}")
     return 0
 
-
-def load(path: str = DEFAULT_JSON) -> dict:
-    with open(path) as fh:
-        return json.load(fh)

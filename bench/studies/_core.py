@@ -1,4 +1,4 @@
-"""What every seed study shares: variants, the correctness gate, timing, tables and plots.
+"""What every study shares: variants, the correctness gate, timing, tables and plots.
 
 A study builds, for each size n, a list of :class:`Variant` (one way of computing the value or
 the gradient), checks that every gradient variant agrees with the fused kernel (or the study's
@@ -73,7 +73,7 @@ class Study:
 
     name: str
     title: str
-    seed: str
+    source: str  # the public write-up the study answers, named and described
     cfg: Config
     rows: list = field(default_factory=list)
     checks: list = field(default_factory=list)
@@ -159,7 +159,7 @@ class Study:
 
     def result(self, *, seed_figures: dict, headline: dict | None = None) -> dict:
         return {
-            "study": self.name, "title": self.title, "seed": self.seed,
+            "study": self.name, "title": self.title, "source": self.source,
             "quick": self.cfg.quick, "rows": self.rows, "checks": self.checks,
             "notes": self.notes, "seed_figures": seed_figures, "headline": headline,
             "extra": self.extra, "wall_s": time.perf_counter() - self.t0,
@@ -232,12 +232,12 @@ def table(result: dict) -> str:
 
 
 def comparison_table(rows: Sequence[dict]) -> str:
-    """The seed's ratios beside ours (rows from a study's ``comparison()``)."""
+    """The write-up's ratios beside ours (rows from a study's ``comparison()``)."""
     body = []
     for c in rows:
         seed = c.get("seed_words") or fmt_ratio(c["seed_ratio"])
         body.append([f"{c['n']:,}", c["seed"], seed, c["ours"], fmt_ratio(c["our_ratio"])])
-    return md_table(["n", "seed", "seed ratio", "ours", "our ratio"], body, "rlrlr")
+    return md_table(["n", "in the write-up", "its ratio", "here", "our ratio"], body, "rlrlr")
 
 
 def header(machine: dict) -> str:

@@ -1,4 +1,4 @@
-"""Study 000: AD backends on the normal log-density (seed ``000_1cdbcce1aca03f97.txt``).
+"""AD backends on the normal log-density.
 
 f(θ) = Σ_i log N(y_i | θ_i, s) with y ~ N(2, 1), s = 1 and θ ~ N(0, 1); the gradient with
 respect to the vector θ by reverse mode (``jax.grad``), forward mode (``jax.jacfwd``: one
@@ -22,7 +22,15 @@ from bench.studies._core import Config, Study, Variant, floor_variant, headline_
 
 NAME = "normal_ad"
 TITLE = "AD backends on the normal log-density: ∇θ Σ log N(y_i | θ_i, s)"
-SEED = "000_1cdbcce1aca03f97.txt"
+# The public write-up this study answers, named and described (a sentence's object).
+SOURCE = (
+    'the GitHub gist "Automatic Differentiation Benchmarks" (luiarthur, November 2022), '
+    'which times Tracker, ReverseDiff, Zygote, ForwardDiff and complex-step gradients of a '
+    'normal log-density in Julia')
+# What the study's tables measure (a sentence's object).
+MEASURES = (
+    'the gradient of a normal log-likelihood with respect to its n means, by every '
+    "differentiation mode JAX has, against the value's own cost")
 SIZES = (10, 100, 1000, 10**4, 10**5, 10**6)
 QUICK_SIZES = (10, 100, 1000)
 DENSE_MAX_N = 1000  # forward mode, complex step and FD materialise n x n arrays
@@ -110,7 +118,7 @@ def variants(y, theta):
 
 def run(quick: bool = False) -> dict:
     cfg = Config.make(quick)
-    st = Study(NAME, TITLE, SEED, cfg)
+    st = Study(NAME, TITLE, SOURCE, cfg)
     for n in QUICK_SIZES if quick else SIZES:
         y, theta = _data(n)
         vs = variants(y, theta)
