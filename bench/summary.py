@@ -75,7 +75,7 @@ def section(name: str, doc: dict) -> str:
         from bench.studies import headline_table
 
         return "\n\n".join([
-            "### The seed studies (`python -m bench`)",
+            "### The studies (`python -m bench`)",
             "Each study at the size its write-up used (and at n = 10⁶ where it has one): the "
             "value's time, the fastest automatic-differentiation gradient, fusedlp's gradient, "
             "and both gradients as a multiple of the value (below 1: the gradient is cheaper "
