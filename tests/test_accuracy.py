@@ -1,0 +1,191 @@
+"""Accuracy sweep (issue 14): every kernel, float64 and float32, against mpmath.
+
+The references (value and every partial, at a log-scale grid over the whole valid parameter
+space) are cached in ``tests/data/accuracy_reference.json.gz``, written by
+``python tests/accuracy_reference.py``. Each kernel/dtype is evaluated in one jitted,
+vmapped ``jax.value_and_grad`` of the public kernel on single elements
+(``accuracy_table.evaluate``).
+
+The bound, for the value and for each partial q at every grid point:
+
+    |got - q| <= C[dtype] * max(eps(dtype) * max(|q|, sens), tiny(dtype))
+
+``sens = sum_i |theta_i dq/dtheta_i|`` over all inputs (data included): that is, relative
+error <= C eps max(1, cond). ``accuracy_table.ratios`` defines the ratio checked against C
+(zero or subnormal q: absolute error; q beyond the dtype's range: the same infinity). A
+failure names the kernel, dtype, quantity, the worst ratio and its grid point.
+
+Besides the bound: no discrete log-mass above 0, no NaN where the answer is finite, NaN for
+invalid parameters, -inf with zero partials for data outside the support, and (issue part
+5) ``fusedlp.hessian`` of a fuse-built kernel equal to the Hessian over the in-support
+elements where some elements are outside the support.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import accuracy_table as at
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fusedlp
+
+# The one bound: C[dtype] ulps (eps) times max(1, condition number).
+C = {"float64": 8.0, "float32": 8.0}
+
+KERNELS = at.kernels()
+CASES = [(k, d) for k in KERNELS for d in at.DTYPES]
+QUANTITIES = [(k, d, q) for k, d in CASES for q in ("value", *at.load()[f"{k}/{d}"]["diff"])]
+
+
+def _id(case):
+    return "-".join(case)
+
+
+@functools.cache
+def _results(kernel, dtype):
+    """(table, value, partials) of the fusedlp kernel over its grid."""
+    table = at.load()[f"{kernel}/{dtype}"]
+    value, partials = at.evaluate(at.fusedlp_kernel(kernel), table, dtype)
+    return table, value, partials
+
+
+def _quantity(kernel, dtype, quantity):
+    """(got, expected, sens, judged mask) of one quantity over the grid."""
+    table, value, partials = _results(kernel, dtype)
+    if quantity == "value":
+        return value, table["value"], table["sens"][:, 0], np.ones(len(value), bool)
+    j = table["diff"].index(quantity)
+    return partials[:, j], table["partials"][:, j], table["sens"][:, 1 + j], \
+        at.judged_partials(table)
+
+
+def _point(table, i):
+    return ", ".join(f"{a}={v!r}" for a, v in zip(table["args"], table["inputs"][i]))
+
+
+@pytest.mark.parametrize("case", QUANTITIES, ids=_id)
+def test_error_within_ulps_times_condition(case):
+    kernel, dtype, quantity = case
+    table = at.load()[f"{kernel}/{dtype}"]
+    got, ref, sens, judged = _quantity(*case)
+    r = np.where(judged, at.ratios(got, ref, sens, dtype), 0.0)
+    i = int(np.argmax(r))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cond = sens[i] / abs(ref[i])
+    assert r[i] <= C[dtype], (
+        f"{kernel} {dtype} {quantity}: error/(eps*max(1,cond)) = {r[i]:.3g} > C = {C[dtype]} "
+        f"at {_point(table, i)}: got {got[i]!r}, expected {ref[i]!r} (cond {cond:.3g}); "
+        f"{int(np.sum(r > C[dtype]))} of {int(judged.sum())} points over the bound")
+
+
+@pytest.mark.parametrize("case", CASES, ids=_id)
+def test_no_nan_where_the_answer_is_finite(case):
+    kernel, dtype = case
+    table, value, partials = _results(*case)
+    judged = at.judged_partials(table)
+    for name, got, ref, mask in [("value", value, table["value"], judged)] + [
+            (d, partials[:, j], table["partials"][:, j], judged)
+            for j, d in enumerate(table["diff"])]:
+        bad = np.flatnonzero(mask & np.isfinite(ref) & np.isnan(got))
+        assert bad.size == 0, (f"{kernel} {dtype} {name}: NaN at {bad.size} points, first at "
+                               f"{_point(table, bad[0])} (expected {ref[bad[0]]!r})")
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c[0] in at.DISCRETE], ids=_id)
+def test_log_mass_not_above_zero(case):
+    kernel, dtype = case
+    table, value, _ = _results(*case)
+    i = int(np.argmax(np.where(np.isnan(value), -np.inf, value)))
+    assert not value[i] > 0, (f"{kernel} {dtype}: log-mass {value[i]!r} > 0 at "
+                              f"{_point(table, i)} (expected {table['value'][i]!r})")
+
+
+# Invalid parameters (NaN, value and every partial) and data outside the support (-inf,
+# zero partials), in each kernel's argument order.
+INF, NAN = math.inf, math.nan
+INVALID = {
+    "normal_lpdf": [(1.0, 0.0, 0.0), (1.0, 0.0, -1.0), (1.0, 0.0, INF), (1.0, INF, 1.0),
+                    (1.0, NAN, 1.0)],
+    "poisson_lpmf": [(3.0, -1.0), (3.0, INF), (3.0, NAN)],
+    "poisson_log_lpmf": [(3.0, INF), (3.0, NAN)],
+    "negative_binomial_lpmf": [(3.0, -1.0, 2.0), (3.0, INF, 2.0), (3.0, 2.0, 0.0),
+                               (3.0, 2.0, -1.0), (3.0, 2.0, INF)],
+    "student_t_lpdf": [(0.5, 0.0, 0.0, 1.0), (0.5, -1.0, 0.0, 1.0), (0.5, INF, 0.0, 1.0),
+                       (0.5, 3.0, 0.0, 0.0), (0.5, 3.0, 0.0, INF), (0.5, 3.0, INF, 1.0)],
+    "gamma_lpdf": [(1.5, 0.0, 1.0), (1.5, -1.0, 1.0), (1.5, INF, 1.0), (1.5, 2.0, 0.0),
+                   (1.5, 2.0, -1.0), (1.5, 2.0, INF)],
+    "bernoulli_logit_lpmf": [(1.0, INF), (0.0, -INF), (1.0, NAN)],
+    "binomial_logit_lpmf": [(2.0, -1.0, 0.5), (2.0, 4.5, 0.5), (2.0, INF, 0.5),
+                            (2.0, 5.0, INF)],
+    "eam_energy": [(0.1, 0.5, 1.2, 0.0, 3.0, 0.0, 1.0, 1.0, 0.25),
+                   (0.1, 0.5, 1.2, 1.0, -1.0, 0.0, 1.0, 1.0, 0.25),
+                   (0.1, 0.5, 1.2, INF, 3.0, 0.0, 1.0, 1.0, 0.25)],
+}
+OUTSIDE = {
+    "normal_lpdf": [(INF, 0.0, 1.0), (-INF, 0.0, 1.0)],
+    "poisson_lpmf": [(-1.0, 3.0), (2.5, 3.0), (INF, 3.0)],
+    "poisson_log_lpmf": [(-1.0, 0.5), (2.5, 0.5), (INF, 0.5)],
+    "negative_binomial_lpmf": [(-1.0, 2.0, 3.0), (0.5, 2.0, 3.0), (INF, 2.0, 3.0)],
+    "student_t_lpdf": [(INF, 3.0, 0.0, 1.0), (-INF, 3.0, 0.0, 1.0)],
+    "gamma_lpdf": [(-1.0, 2.0, 1.0), (INF, 2.0, 1.0)],
+    "bernoulli_logit_lpmf": [(2.0, 0.5), (0.5, 0.5), (-1.0, 0.5)],
+    "binomial_logit_lpmf": [(-1.0, 5.0, 0.5), (6.0, 5.0, 0.5), (1.5, 5.0, 0.5)],
+}
+
+
+def _edge_results(kernel, dtype, points):
+    table = at.load()[f"{kernel}/{dtype}"]
+    edge = dict(table, inputs=np.array(points, dtype=np.float64))
+    return edge, *at.evaluate(at.fusedlp_kernel(kernel), edge, dtype)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c[0] in INVALID], ids=_id)
+def test_invalid_parameters_give_nan(case):
+    kernel, dtype = case
+    edge, value, partials = _edge_results(kernel, dtype, INVALID[kernel])
+    for i in range(len(value)):
+        assert np.isnan(value[i]) and np.all(np.isnan(partials[i])), (
+            f"{kernel} {dtype} at {_point(edge, i)}: value {value[i]!r}, partials "
+            f"{partials[i].tolist()} (expected NaN)")
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c[0] in OUTSIDE], ids=_id)
+def test_data_outside_the_support_give_minus_inf_and_zero_partials(case):
+    kernel, dtype = case
+    edge, value, partials = _edge_results(kernel, dtype, OUTSIDE[kernel])
+    for i in range(len(value)):
+        assert value[i] == -np.inf and np.all(partials[i] == 0), (
+            f"{kernel} {dtype} at {_point(edge, i)}: value {value[i]!r}, partials "
+            f"{partials[i].tolist()} (expected -inf and zeros)")
+
+
+# ------------------------------------------------------------- Hessian at the edge (part 5)
+
+HESSIAN_CASES = {
+    # kernel: (data with out-of-support elements, in-support mask, parameters, kernel call)
+    "gamma_lpdf": ([0.5, -1.0, 1.3, np.inf, 2.0], [1, 0, 1, 0, 1], [2.5, 1.5],
+                   lambda x, p: fusedlp.gamma_lpdf(x, p[0], p[1])),
+    "negative_binomial_lpmf": ([0.0, 3.0, -1.0, 7.0, 2.5], [1, 1, 0, 1, 0], [4.0, 2.5],
+                               lambda k, p: fusedlp.negative_binomial_lpmf(k, p[0], p[1])),
+    "student_t_lpdf": ([0.3, np.inf, -1.2, 2.0, -np.inf], [1, 0, 1, 1, 0], [3.5, 0.2, 1.5],
+                       lambda x, p: fusedlp.student_t_lpdf(x, p[0], p[1], p[2])),
+    "binomial_logit_lpmf": ([2.0, 7.0, 11.0, 4.0], [1, 0, 0, 1], [0.3],
+                            lambda k, p: fusedlp.binomial_logit_lpmf(k, 5.0, p[0])),
+}
+
+
+@pytest.mark.parametrize("kernel", sorted(HESSIAN_CASES))
+def test_hessian_ignores_elements_outside_the_support(kernel, tol):
+    data, inside, params, call = HESSIAN_CASES[kernel]
+    data, params = jnp.asarray(data), jnp.asarray(params)
+    inside = np.asarray(inside, bool)
+    h_all = jax.jit(fusedlp.hessian(lambda p: call(data, p)))(params)
+    h_in = jax.jit(fusedlp.hessian(lambda p: call(data[inside], p)))(params)
+    assert np.all(np.isfinite(h_in)), h_in  # the reference itself
+    assert np.all(np.isfinite(h_all)), f"{kernel}: Hessian with out-of-support data\n{h_all}"
+    np.testing.assert_allclose(h_all, h_in, rtol=tol(np.float64)["grad"], atol=0)
