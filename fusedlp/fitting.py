@@ -1,9 +1,11 @@
 """Maximum likelihood in one compiled loop, and standard errors from the Hessian.
 
-:func:`fit` maximises ``objective(params, *data)`` with an optax optimizer inside a single
-``lax.while_loop``: traced and compiled once per shapes, no Python per step, and usable
-under ``jax.jit`` and ``jax.vmap``. :func:`standard_errors` turns the curvature at the
-optimum into asymptotic standard errors.
+:func:`fit` maximises ``objective(params, *data)`` inside a single ``lax.while_loop``, with a
+safeguarded Newton method (the default for up to :data:`NEWTON_MAX_PARAMS` parameters),
+L-BFGS or any optax transformation: traced and compiled once per shapes, no Python per
+step, and usable under ``jax.jit`` and ``jax.vmap``. :func:`standard_errors` turns the
+curvature at the optimum into asymptotic standard errors; :func:`fusedlp.summary` adds the
+rest of an inference table.
 """
 
 from __future__ import annotations
@@ -22,26 +24,54 @@ import optax
 from jax.flatten_util import ravel_pytree
 from jax.typing import ArrayLike
 
-from fusedlp._hessian import hessian
-
-__all__ = ("FitResult", "FitStatus", "fit", "standard_errors")
+__all__ = ("NEWTON_MAX_PARAMS", "FitResult", "FitStatus", "fit", "standard_errors")
 
 PyTree = Any
 
 _RUNNING = -1
+
+#: ``fit``'s default optimizer is Newton up to this many scalar parameters and L-BFGS above:
+#: a Newton step forms and decomposes a p x p Hessian (p reverse passes and O(p^3)), which
+#: outgrows L-BFGS's extra steps somewhere in the hundreds (measured: ``bench/README.md``).
+NEWTON_MAX_PARAMS = 200
+
+# Newton's line search halves the step at most this often (to 2^-30) before giving up.
+_MAX_HALVINGS = 30
+# Armijo's sufficient-decrease constant (Nocedal & Wright's usual 1e-4).
+_ARMIJO = 1e-4
 
 
 class FitStatus(enum.IntEnum):
     """Why a fit ended; ``FitResult.status`` holds one of these as an int32 array.
 
     Compare directly (``result.status == FitStatus.CONVERGED``) or name a concrete result
-    with ``FitStatus(int(result.status)).name``.
+    with ``FitStatus(int(result.status)).name`` (``repr(result)`` does).
     """
 
-    CONVERGED = 0  #: the gradient criterion holds (see :func:`fit`)
-    MAX_STEPS = 1  #: ``max_steps`` steps taken without meeting the criterion
-    DIVERGED = 2  #: a step gave a non-finite objective, gradient or parameters
-    STALLED = 3  #: a step left the parameters unchanged: no further progress is possible
+    CONVERGED = 0  #: the convergence test holds at ``params`` (see :func:`fit`)
+    MAX_STEPS = 1  #: ``max_steps`` steps taken without meeting the test
+    DIVERGED = 2  #: a step gave a non-finite objective, gradient, Hessian or parameters
+    STALLED = 3  #: no step can make progress (the parameters would not change)
+
+
+def _status_text(status) -> str:
+    s = np.asarray(status)
+    if s.ndim == 0:
+        return f"FitStatus.{FitStatus(int(s)).name}"
+    names, counts = np.unique(s, return_counts=True)
+    return "{" + ", ".join(f"{FitStatus(int(v)).name}: {int(c)}"
+                           for v, c in zip(names, counts)) + "}"
+
+
+def _concrete(tree) -> bool:
+    return not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(tree))
+
+
+class _Shown(str):
+    """A string that reprs as itself (a leaf of a printed params tree)."""
+
+    def __repr__(self) -> str:
+        return str(self)
 
 
 class FitResult(NamedTuple):
@@ -55,7 +85,7 @@ class FitResult(NamedTuple):
       num_steps: optimizer steps that led to ``params`` (int32; a diverging step that was
         rejected is not counted).
       converged: ``status == FitStatus.CONVERGED`` (bool).
-      status: a :class:`FitStatus` code (int32).
+      status: a :class:`FitStatus` code (int32); ``repr`` prints its name.
       history: shape ``(max_steps + 1,)``: ``history[0]`` is the objective at
         ``init_params``, ``history[i]`` after step ``i``; ``history[num_steps] == value``
         and the entries past ``num_steps`` are NaN.
@@ -69,30 +99,58 @@ class FitResult(NamedTuple):
     status: jax.Array
     history: jax.Array
 
+    def __repr__(self) -> str:
+        if not _concrete(self):
+            return "FitResult(" + ", ".join(f"{k}={v!r}" for k, v in self._asdict().items()) + ")"
+        def show(x):
+            a = np.asarray(x)
+            return repr(a.item()) if a.ndim == 0 else repr(a)
+
+        params = jax.tree.map(lambda x: _Shown(show(x)), self.params)
+        return (f"FitResult(status={_status_text(self.status)}, "
+                f"num_steps={show(self.num_steps)}, value={show(self.value)}, "
+                f"grad_norm={show(self.grad_norm)}, params={params!r})")
+
+    def to_dict(self) -> dict:
+        """The result as NumPy: ``params`` (a pytree of arrays), the scalar fields as
+        arrays, and ``status`` as its :class:`FitStatus` name (an array of names if
+        batched). Concrete results only."""
+        if not _concrete(self):
+            raise TypeError("FitResult.to_dict: the result is traced (inside jit or vmap)")
+        s = np.asarray(self.status)
+        names = np.vectorize(lambda v: FitStatus(int(v)).name, otypes=[object])(s)
+        return {"params": jax.tree.map(np.asarray, self.params),
+                "value": np.asarray(self.value), "grad_norm": np.asarray(self.grad_norm),
+                "num_steps": np.asarray(self.num_steps),
+                "converged": np.asarray(self.converged),
+                "status": names.item() if s.ndim == 0 else names,
+                "history": np.asarray(self.history)}
+
 
 @functools.lru_cache(maxsize=None)
 def default_optimizer() -> optax.GradientTransformationExtraArgs:
-    """The optimizer :func:`fit` uses when given none: ``optax.lbfgs()``, made once.
+    """What ``optimizer="lbfgs"`` means: ``optax.lbfgs()``, made once.
 
-    L-BFGS with optax's zoom line search (strong Wolfe conditions): it needs no learning
-    rate, hardly cares about the scale of the objective, and on smooth, well-posed
-    likelihoods (GLMs, location-scale models, small potentials) reaches the float64 optimum
-    in tens of steps (7 for the Poisson regression in :func:`fit`'s example, 24 for a
-    normal fit started 10 standard deviations away) where Adam needs hundreds to thousands
-    and a learning rate tuned to the problem. The line search also backs off from steps
-    that leave the support (a NaN or infinite objective). A step costs more than an Adam
-    step, since the line search evaluates the objective once or more: for a normal fit
-    to 100 observations, about 9 µs against 1 µs on the benchmark machine
-    (``python -m bench fit``). The same object is returned on every call, so that
-    ``fit``'s compilation cache hits.
+    L-BFGS with optax's zoom line search (strong Wolfe conditions): no learning rate, one
+    gradient per step, and no Hessian: :func:`fit` uses it by default above
+    :data:`NEWTON_MAX_PARAMS` parameters. Its steps are not invariant to the parameters'
+    scales, so it needs many more of them on badly scaled problems (GLMs with covariates of
+    very different sizes) than Newton does. The line search backs off from steps that
+    leave the support (a NaN or infinite objective). The same object is returned on every
+    call, so that ``fit``'s compilation cache hits.
     """
     return optax.lbfgs()
 
 
 def _default_tol(dtype) -> float:
-    """1e-8 in float64, 1e-5 in float32, sqrt(eps) otherwise: reachable in each precision."""
+    """Gradient methods: 1e-8 in float64, 1e-5 in float32, sqrt(eps) otherwise."""
     eps = float(jnp.finfo(dtype).eps)
     return 1e-8 if eps < 1e-15 else 1e-5 if eps < 1e-6 else math.sqrt(eps)
+
+
+def _default_newton_tol(dtype) -> float:
+    """Newton: sqrt(eps), about where rounding in the gradient hides a smaller decrement."""
+    return math.sqrt(float(jnp.finfo(dtype).eps))
 
 
 # ---------------------------------------------------------------------------- checks
@@ -212,80 +270,194 @@ def _linesearch_state(state: PyTree):
     return found[0] if len(found) == 1 else None
 
 
+class _Newton(NamedTuple):
+    """Newton's part of the loop state, computed at the current iterate."""
+
+    direction: jax.Array  # the modified Newton step, flat (ravel_pytree order)
+    decrement2: jax.Array  # the squared Newton decrement g^T |H|^-1 g (>= 0)
+
+
+class _LoopState(NamedTuple):
+    """The carry of fit's ``lax.while_loop``. ``loss`` is the minimised ``sign * objective``."""
+
+    params: PyTree  # the current iterate
+    loss: jax.Array  # sign * objective at params
+    grad: PyTree  # the loss's gradient at params
+    grad_norm: jax.Array
+    step: jax.Array  # steps taken (int32)
+    history: jax.Array  # the objective after each step; NaN beyond `step`
+    previous: PyTree  # the iterate before params: restored if params diverged
+    status: jax.Array  # _RUNNING or a FitStatus
+    inner: PyTree  # the optax state, or _Newton
+
+
+def _value_grad_hessian(loss: Callable, flat: jax.Array):
+    """``loss``, its gradient and its Hessian at the vector ``flat``, in one pass.
+
+    Reverse-over-reverse, as :func:`fusedlp.hessian` (fusedlp kernels have no forward mode),
+    keeping the inner pass's value and gradient instead of computing them again.
+    """
+
+    def grad_and_aux(v):
+        value, g = jax.value_and_grad(loss)(v)
+        return g, (value, g)
+
+    H, (value, g) = jax.jacrev(grad_and_aux, has_aux=True)(flat)
+    return value, g, H
+
+
+def _modified_newton(g: jax.Array, H: jax.Array) -> _Newton:
+    """The Newton step of a minimisation, kept a descent direction where ``H`` is not
+    positive definite: eigenvalues replaced by their absolute values, floored.
+
+    ``H`` is first scaled to unit diagonal (``D^-1 H D^-1``, ``D = sqrt|diag H|``), so that
+    the floor (``sqrt(eps)`` times the largest eigenvalue) does not depend on the
+    parameters' units. Where the scaled ``H`` is positive definite above the floor this is
+    the exact Newton step; a direction of negative curvature is followed downhill at its
+    own curvature's scale, and a flat one is damped by the floor.
+    """
+    eps = float(jnp.finfo(H.dtype).eps)
+    d = jnp.sqrt(jnp.abs(jnp.diagonal(H)))
+    d = jnp.where(d > 0, d, 1.0)
+    w, Q = jnp.linalg.eigh(H / d[:, None] / d[None, :])
+    a = jnp.abs(w)
+    a = jnp.maximum(a, jnp.maximum(math.sqrt(eps) * jnp.max(a), jnp.finfo(H.dtype).tiny))
+    c = Q.T @ (g / d)
+    return _Newton(direction=-(Q @ (c / a)) / d, decrement2=jnp.sum(c * c / a))
+
+
+def _backtrack(loss: Callable, flat, value, direction, decrement2):
+    """The first of the steps 1, 1/2, 1/4, ... (at most ``_MAX_HALVINGS``) along
+    ``direction`` whose loss is finite and lower, by Armijo's condition; returns
+    ``(new_flat, found)`` (``flat`` itself if none is found).
+
+    Where the decrease Newton predicts (``decrement2 / 2``) is below the loss's own rounding,
+    values cannot rank the points: a step whose loss is equal within that rounding is
+    taken, since the gradient, which still resolves the optimum, chose it.
+    """
+    slack = 8 * float(jnp.finfo(value.dtype).eps) * jnp.abs(value)
+    below_rounding = decrement2 <= slack
+
+    def cond(s):
+        _, j, found = s
+        return ~found & (j < _MAX_HALVINGS)
+
+    def body(s):
+        alpha, j, _ = s
+        alpha = jnp.where(j > 0, 0.5 * alpha, alpha)
+        trial = loss(flat + alpha * direction)
+        lower = (trial < value) & (trial <= value - _ARMIJO * alpha * decrement2)
+        found = jnp.isfinite(trial) & (lower | below_rounding & (trial <= value + slack))
+        return alpha, j + 1, found
+
+    start = (jnp.ones((), flat.dtype), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.bool_))
+    alpha, _, found = jax.lax.while_loop(cond, body, start)
+    return jnp.where(found, flat + alpha * direction, flat), found
+
+
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4))
 def _fit_loop(objective, optimizer, maximize, max_steps, every, params, data, rtol, atol):
     sign = -1.0 if maximize else 1.0
+    newton = optimizer == "newton"  # fit has resolved every other name
 
-    def loss_fn(p):  # optax minimises
+    def loss_fn(p):  # minimised, as optax does
         return sign * objective(p, *data)
 
     value_and_grad = jax.value_and_grad(loss_fn)
-    opt = optax.with_extra_args_support(optimizer)
-    state = opt.init(params)
-    # A line search (L-BFGS's) has already evaluated value and gradient at the new params
-    # and keeps them in its state: reuse them, as optax.value_and_grad_from_state does.
-    reuse = _linesearch_state(state) is not None
+    _, unravel = ravel_pytree(params)
 
-    loss, grad = value_and_grad(params)
+    def loss_flat(v):
+        return loss_fn(unravel(v))
+
+    if newton:
+
+        def newton_point(p):
+            loss, g, H = _value_grad_hessian(loss_flat, ravel_pytree(p)[0])
+            return loss, unravel(g), _modified_newton(g, H)
+
+        loss, grad, inner = newton_point(params)
+    else:
+        opt = optax.with_extra_args_support(optimizer)
+        inner = opt.init(params)
+        # A line search (L-BFGS's) has already evaluated value and gradient at the new
+        # params and keeps them in its state: reuse them, as optax.value_and_grad_from_state
+        # does.
+        reuse = _linesearch_state(inner) is not None
+        loss, grad = value_and_grad(params)
+    loss0 = loss
     gnorm = optax.tree.norm(grad)
 
-    def verdict(params, loss, gnorm, moved, step):
+    def verdict(params, loss, gnorm, inner, moved, step, prev_loss):
         # gnorm is finite iff every gradient entry is (or the norm overflows: also divergence)
         ok = jnp.isfinite(loss) & jnp.isfinite(gnorm) & _tree_all_finite(params)
         status = jnp.where(step >= max_steps, FitStatus.MAX_STEPS, _RUNNING)
         status = jnp.where(moved, status, FitStatus.STALLED)
-        status = jnp.where(gnorm <= atol + rtol * jnp.abs(loss), FitStatus.CONVERGED, status)
+        if newton:
+            ok = ok & _tree_all_finite(inner)
+            done = inner.decrement2 <= rtol**2
+        else:
+            # scaled by the smaller of |f| and |f(init)|, with a last step that changed f as
+            # little, and never worse than at the start: an objective that runs away (either
+            # way) cannot meet it
+            bound = atol + rtol * jnp.minimum(jnp.abs(loss), jnp.abs(loss0))
+            done = (gnorm <= bound) & (jnp.abs(loss - prev_loss) <= bound) & (loss <= loss0)
+        status = jnp.where(done, FitStatus.CONVERGED, status)
         return jnp.where(ok, status, FitStatus.DIVERGED).astype(jnp.int32)
 
     step = jnp.zeros((), jnp.int32)
-    status = verdict(params, loss, gnorm, jnp.asarray(True), step)
+    status = verdict(params, loss, gnorm, inner, jnp.asarray(True), step, loss)
     history = jnp.full((max_steps + 1,), jnp.nan, dtype=loss.dtype).at[0].set(sign * loss)
     report = _ProgressBar(max_steps) if every else None
     if every:
         jax.debug.callback(report, step, sign * loss, gnorm, False)
 
     # The body selects nothing: a diverging step is computed and carried like any other, and
-    # the previous parameters ride along in `last`, to be restored once, after the loop.
-    def cond(carry):
-        return carry[-1] == _RUNNING
-
-    def body(carry):
-        params, state, loss, grad, gnorm, step, history, _, _ = carry
-        updates, state = opt.update(grad, state, params, value=loss, grad=grad, value_fn=loss_fn)
-        new_params = optax.apply_updates(params, updates)
-        if reuse:
-            ls = _linesearch_state(state)
-            new_loss, grad = ls.value, ls.grad
+    # the previous parameters ride along, to be restored once, after the loop.
+    def body(s: _LoopState) -> _LoopState:
+        if newton:
+            new_flat, moved = _backtrack(loss_flat, ravel_pytree(s.params)[0], s.loss,
+                                         s.inner.direction, s.inner.decrement2)
+            new_params = unravel(new_flat)
+            new_loss, grad, inner = newton_point(new_params)
         else:
-            new_loss, grad = value_and_grad(new_params)
+            updates, inner = opt.update(s.grad, s.inner, s.params, value=s.loss, grad=s.grad,
+                                        value_fn=loss_fn)
+            new_params = optax.apply_updates(s.params, updates)
+            if reuse:
+                ls = _linesearch_state(inner)
+                new_loss, grad = ls.value, ls.grad
+            else:
+                new_loss, grad = value_and_grad(new_params)
+            moved = _tree_any_changed(new_params, s.params)
         new_gnorm = optax.tree.norm(grad)
-        step = step + 1
-        status = verdict(new_params, new_loss, new_gnorm,
-                         _tree_any_changed(new_params, params), step)
-        history = history.at[step].set(sign * new_loss)
+        step = s.step + 1
+        status = verdict(new_params, new_loss, new_gnorm, inner, moved, step, s.loss)
+        history = s.history.at[step].set(sign * new_loss)
         if every:
             jax.lax.cond(
                 (step % every == 0) & (status == _RUNNING),
                 lambda: jax.debug.callback(report, step, sign * new_loss, new_gnorm, False),
                 lambda: None,
             )
-        return new_params, state, new_loss, grad, new_gnorm, step, history, params, status
+        return _LoopState(params=new_params, loss=new_loss, grad=grad, grad_norm=new_gnorm,
+                          step=step, history=history, previous=s.params, status=status,
+                          inner=inner)
 
-    carry = (params, state, loss, grad, gnorm, step, history, params, status)
+    s = _LoopState(params=params, loss=loss, grad=grad, grad_norm=gnorm, step=step,
+                   history=history, previous=params, status=status, inner=inner)
     if max_steps > 0:  # (with no step to take, compile no loop)
-        carry = jax.lax.while_loop(cond, body, carry)
-    params, _, loss, _, gnorm, step, history, last, status = carry
-    diverged = status == FitStatus.DIVERGED
+        s = jax.lax.while_loop(lambda s: s.status == _RUNNING, body, s)
+    params, loss, gnorm, step = s.params, s.loss, s.grad_norm, s.step
     if max_steps > 0:  # restore the last finite iterate (at step 0 there is none)
-        back = diverged & (step > 0)
+        back = (s.status == FitStatus.DIVERGED) & (step > 0)
 
         def restore():
-            loss, grad = value_and_grad(last)
-            return last, loss, optax.tree.norm(grad)
+            loss, grad = value_and_grad(s.previous)
+            return s.previous, loss, optax.tree.norm(grad)
 
         params, loss, gnorm = jax.lax.cond(back, restore, lambda: (params, loss, gnorm))
         step = step - back.astype(step.dtype)
-    history = jnp.where(jnp.arange(max_steps + 1) <= step, history, jnp.nan)
+    history = jnp.where(jnp.arange(max_steps + 1) <= step, s.history, jnp.nan)
     if every:
         jax.debug.callback(report, step, sign * loss, gnorm, True)
     return FitResult(
@@ -293,8 +465,8 @@ def _fit_loop(objective, optimizer, maximize, max_steps, every, params, data, rt
         value=sign * loss,
         grad_norm=gnorm,
         num_steps=step,
-        converged=status == FitStatus.CONVERGED,
-        status=status,
+        converged=s.status == FitStatus.CONVERGED,
+        status=s.status,
         history=history,
     )
 
@@ -302,11 +474,52 @@ def _fit_loop(objective, optimizer, maximize, max_steps, every, params, data, rt
 # -------------------------------------------------------------------------------- API
 
 
+def _num_params(params: PyTree) -> int:
+    return sum(int(np.size(x)) for x in jax.tree.leaves(params))
+
+
+def _resolve_optimizer(optimizer, params: PyTree):
+    """``"newton"`` or an optax transformation, from what :func:`fit` was given."""
+    if optimizer is None:
+        return "newton" if _num_params(params) <= NEWTON_MAX_PARAMS else default_optimizer()
+    if isinstance(optimizer, str):
+        if optimizer == "newton":
+            return "newton"
+        if optimizer == "lbfgs":
+            return default_optimizer()
+        raise ValueError(f"fit: optimizer must be 'newton', 'lbfgs' or an optax "
+                         f"GradientTransformation, got {optimizer!r}")
+    if not isinstance(optimizer, optax.GradientTransformation):
+        raise TypeError(f"fit: optimizer must be 'newton', 'lbfgs' or an optax "
+                        f"GradientTransformation, got {type(optimizer).__name__}")
+    return optimizer
+
+
+def _check_finite_start(result: FitResult) -> None:
+    """Raise if a concrete fit ended at step 0 on a non-finite objective or gradient (a
+    fit whose first step diverged and was undone also ends at step 0, with finite ones)."""
+    if not (_concrete(result) and int(result.status) == FitStatus.DIVERGED
+            and int(result.num_steps) == 0):
+        return
+    value, gnorm = float(result.value), float(result.grad_norm)
+    if math.isfinite(value) and math.isfinite(gnorm):
+        return
+    what = "the objective" if not math.isfinite(value) else "the objective's gradient"
+    raise ValueError(
+        f"fit: {what} is not finite at init_params (value {value}, gradient norm {gnorm}). "
+        "The usual cause is data outside a kernel's support: non-integer or negative counts "
+        "for poisson_lpmf, negative_binomial_lpmf or binomial_logit_lpmf, y outside {0, 1} "
+        "for bernoulli_logit_lpmf, x <= 0 for gamma_lpdf; or init_params outside the "
+        "parameters' domain (a scale or rate <= 0). Under jit or vmap this fit returns "
+        "status DIVERGED at step 0 instead."
+    )
+
+
 def fit(
     objective: Callable[..., jax.Array],
     init_params: PyTree,
     *data: Any,
-    optimizer: optax.GradientTransformation | None = None,
+    optimizer: str | optax.GradientTransformation | None = None,
     maximize: bool = True,
     max_steps: int = 1000,
     tol: ArrayLike | None = None,
@@ -321,59 +534,94 @@ def fit(
     runs without Python between steps. ``fit`` composes with ``jax.jit`` (bind
     ``objective`` and the keyword settings with ``functools.partial``) and with
     ``jax.vmap`` over data or initial values (each fit in the batch stops on its own; the
-    loop runs until the slowest one is done). The first call compiles (about a second with
-    the default L-BFGS); later calls with the same shapes reuse the compilation.
+    loop runs until the slowest one is done). The first call compiles; later calls with
+    the same shapes reuse the compilation.
 
-    **Convergence.** With ``g`` the gradient of the objective over all parameter leaves
-    and ``f`` its value, a fit has converged when
+    **Optimizers.** ``"newton"`` (the default up to :data:`NEWTON_MAX_PARAMS` scalar
+    parameters): each step takes the Hessian over all parameter leaves flattened together,
+    reverse-over-reverse as :func:`fusedlp.hessian` does, scales it to unit diagonal,
+    replaces its eigenvalues by their absolute values floored at ``sqrt(eps)`` times the
+    largest (the exact Newton step where the objective is concave, an ascent direction
+    where it is not: one symmetric eigendecomposition per step, no retries, so every fit
+    in a ``vmap`` batch does the same work), and backtracks from the full step by halving
+    until the objective is finite and rises by Armijo's condition (at most 30 halvings; a
+    step that does not improve the objective is not taken, except where the rise Newton
+    predicts is below the objective's rounding and values cannot rank the points). Its steps do not depend on
+    the parameters' units, so badly scaled GLMs converge in a handful of steps, as IRLS
+    does. optax's backtracking line search is not used: it keeps its last, possibly
+    non-improving step when it runs out of halvings, and its stored gradient needs forward
+    mode, which fusedlp kernels do not have. ``"lbfgs"`` (the default above
+    :data:`NEWTON_MAX_PARAMS`): ``optax.lbfgs()``, see :func:`default_optimizer`. Or any
+    optax ``GradientTransformation``.
 
-    .. math::  \lVert g \rVert_2 \le \mathrm{atol} + \mathrm{tol}\, \lvert f \rvert
+    **What CONVERGED promises.** Checked at ``init_params`` and after every step, at the
+    returned ``params``, whose objective and gradient are finite. With ``"newton"``: the
+    Newton decrement :math:`\lambda = \sqrt{g^\top |H|^{-1} g}` is at most ``tol``
+    (:math:`|H|` the modified Hessian above). For a log-likelihood :math:`\lambda` is the
+    length of the Newton step in standard-error units, so ``params`` lie within about
+    ``tol`` standard errors of the maximum; it does not change when a parameter is
+    rescaled, and it does not involve the objective's level, so an objective that runs
+    away never meets it. With a gradient method (L-BFGS, optax): with ``f`` the objective
+    and ``f_0`` its value at ``init_params``,
 
-    (checked at ``init_params`` too). A log-likelihood of ``n`` observations has
-    :math:`|f| \propto n` and :math:`\lVert g \rVert \approx n\,\lVert\delta\rVert` for
-    a parameter error :math:`\delta` (unit Fisher information per observation), so ``tol``
-    is roughly the relative accuracy of the parameters. ``atol`` covers objectives whose
-    optimum is near 0 (least squares). ``tol=0, atol=0`` runs ``max_steps`` steps unless
-    the gradient is exactly zero.
+    .. math::  \lVert g \rVert_2 \le b, \quad |f - f_\text{prev}| \le b, \quad
+               f \text{ no worse than } f_0, \qquad
+               b = \mathrm{atol} + \mathrm{tol}\,\min(|f|, |f_0|)
 
-    **Divergence.** A step whose objective, gradient or parameters are not finite is
-    rejected and ends the fit with ``status = FitStatus.DIVERGED``: ``params``, ``value``
-    and ``grad_norm`` are those of the last finite iterate (if ``init_params`` itself gives
-    a non-finite objective or gradient, the fit ends there, at step 0). A step that leaves
-    the parameters bit-for-bit unchanged ends it with ``FitStatus.STALLED``: the optimizer
-    can make no further progress (typically ``tol`` is below what the precision allows, or
-    the optimum is at infinity). Only ``CONVERGED`` sets ``converged``.
+    (:math:`f_\text{prev}` the objective before the last step).
+
+    A log-likelihood of ``n`` observations has :math:`|f| \propto n` and
+    :math:`\lVert g \rVert \approx n\,\lVert\delta\rVert` for a parameter error
+    :math:`\delta`, so ``tol`` is roughly the relative accuracy of the parameters. Taking
+    the smaller of :math:`|f|` and :math:`|f_0|`, a last step that moved :math:`f` no more
+    than that, and no loss against the start keep a runaway objective (whose :math:`|f|`
+    grows, in steps that change it) from passing. Either test
+    finds a stationary point, not necessarily a maximum: :func:`standard_errors` and
+    :func:`fusedlp.summary` warn where the curvature is not that of a strict maximum.
+    ``tol=0`` runs ``max_steps`` steps unless the test holds exactly.
+
+    **Divergence and stalling.** A step whose objective, gradient, Newton step or
+    parameters are not finite is rejected and ends the fit with ``DIVERGED``: ``params``,
+    ``value`` and ``grad_norm`` are those of the last finite iterate. A fit that can make
+    no progress ends ``STALLED``: Newton's line search found no improving step in 30
+    halvings, or an optax step left the parameters bit-for-bit unchanged (typically
+    ``tol`` is below what the precision allows, or the optimum is at infinity). Only
+    ``CONVERGED`` sets ``converged``.
 
     **Validation.** Concrete (non-traced) ``data`` and ``init_params`` are checked before
     anything is compiled: an empty data array, or a NaN or infinity in a floating leaf,
     raises ``ValueError`` naming it (``data[1]``, ``data[0]['y']``, ``init_params['loc']``).
-    Traced inputs, inside ``jit`` or ``vmap``, cannot be inspected and are not checked: a
-    NaN there shows up as ``status = DIVERGED``. ``validate=False`` skips the check, for
-    data that hold non-finite values on purpose (padding under an ``eam_energy`` mask).
+    An objective that is not finite at concrete ``init_params`` raises ``ValueError`` too,
+    naming the usual cause (data outside a kernel's support, such as non-integer counts).
+    Traced inputs, inside ``jit`` or ``vmap``, cannot be inspected: there a NaN or a
+    non-finite start shows up as ``status = DIVERGED`` (at step 0 for the start).
+    ``validate=False`` skips the data check, for data that hold non-finite values on
+    purpose (padding under an ``eam_energy`` mask).
 
     Args:
       objective: ``objective(params, *data) -> scalar``: a log-likelihood or
         log-density (maximised), or with ``maximize=False`` an energy or loss (minimised).
-        Must be reverse-mode differentiable in ``params`` (every fusedlp kernel is).
+        Must be reverse-mode differentiable in ``params``, twice for ``"newton"`` (every
+        fusedlp kernel is).
       init_params: starting point, any pytree of floating arrays (a dict is usual); integer
         leaves are converted to the default float dtype.
       *data: the remaining arguments of ``objective``: arrays or pytrees of arrays.
-      optimizer: any optax ``GradientTransformation``. Default :func:`default_optimizer`,
-        ``optax.lbfgs()``: L-BFGS with a zoom line search, which needs no learning rate and
-        reaches the float64 optimum of smooth likelihoods in tens of steps. Plain
-        transformations (``optax.adam(1e-2)``) are called as ``update(grads, state,
-        params)``; ``GradientTransformationExtraArgs`` also get ``value``, ``grad`` and
-        ``value_fn`` (what optax's line searches need). A line search's stored value and
-        gradient are reused at the next step, so it must be the last transformation of a
-        chain (as in ``optax.lbfgs``). Create the optimizer once and reuse it: a new
-        object means a new compilation.
+      optimizer: ``"newton"``, ``"lbfgs"`` or any optax ``GradientTransformation``.
+        Default (None): ``"newton"`` for up to :data:`NEWTON_MAX_PARAMS` scalar parameters,
+        ``"lbfgs"`` above. Plain transformations (``optax.adam(1e-2)``) are called as
+        ``update(grads, state, params)``; ``GradientTransformationExtraArgs`` also get
+        ``value``, ``grad`` and ``value_fn`` (what optax's line searches need). A line
+        search's stored value and gradient are reused at the next step, so it must be the
+        last transformation of a chain (as in ``optax.lbfgs``). Create an optax optimizer
+        once and reuse it: a new object means a new compilation.
       maximize: True (default) to maximise ``objective``; False to minimise it. Either
         way ``value`` and ``history`` report ``objective`` itself, unnegated.
       max_steps: most optimizer steps (a Python int; it sets the length of ``history``).
-      tol: relative gradient tolerance (see above). Default by the parameters' dtype:
-        1e-8 in float64, 1e-5 in float32 (L-BFGS gets there in a step or two more than
-        ``sqrt(eps)`` would take, and stalls not far below).
-      atol: absolute gradient tolerance. Default: equal to ``tol``.
+      tol: the convergence tolerance (see above). Default by the parameters' dtype: for
+        ``"newton"`` ``sqrt(eps)`` (1.5e-8 in float64, 3.5e-4 in float32); for gradient
+        methods 1e-8 in float64, 1e-5 in float32.
+      atol: absolute gradient tolerance of the gradient methods (Newton's decrement needs
+        none). Default: equal to ``tol``.
       progress: True shows a tqdm progress bar (needs ``tqdm``: the ``progress`` extra),
         updated from inside the compiled loop (``jax.debug.callback``) about 100 times per
         ``max_steps``; an int ``k`` updates it every ``k`` steps. Switched off when ``fit``
@@ -386,9 +634,10 @@ def fit(
       ``converged``, ``status``, ``history``.
 
     Raises:
-      ValueError: concrete ``data`` or ``init_params`` that are empty or not finite; a
-        ``max_steps`` that is not a non-negative int.
-      TypeError: ``init_params`` with non-real leaves.
+      ValueError: concrete ``data`` or ``init_params`` that are empty or not finite; an
+        objective that is not finite at concrete ``init_params``; a ``max_steps`` that is
+        not a non-negative int; an unknown optimizer name.
+      TypeError: ``init_params`` with non-real leaves; an optimizer that is not optax.
       ImportError: ``progress`` without tqdm installed.
 
     Examples:
@@ -413,7 +662,7 @@ def fit(
       >>> def normal_loglik(params, X, y):
       ...     return fusedlp.normal_lpdf(y, X @ params["beta"], jnp.exp(params["log_sigma"]))
       >>> res = fusedlp.fit(normal_loglik, {"beta": jnp.zeros(2), "log_sigma": 0.0}, X, y)
-      >>> bool(np.allclose(res.params["beta"], np.linalg.lstsq(X, y)[0], rtol=1e-4))
+      >>> bool(np.allclose(res.params["beta"], np.linalg.lstsq(X, y)[0], rtol=1e-8))
       True
 
       An energy is minimised (``maximize=False``): fit the EAM density
@@ -445,9 +694,11 @@ def fit(
         _check_concrete("init_params", params, allow_empty=True)
         for i, d in enumerate(data):
             _check_concrete(f"data[{i}]", d, allow_empty=False)
-    optimizer = default_optimizer() if optimizer is None else optimizer
+    optimizer = _resolve_optimizer(optimizer, params)
+    newton = optimizer == "newton"
     if tol is None:
-        tol = _default_tol(jnp.result_type(*jax.tree.leaves(params)))
+        dtype = jnp.result_type(*jax.tree.leaves(params))
+        tol = _default_newton_tol(dtype) if newton else _default_tol(dtype)
     atol = tol if atol is None else atol
     every = 0
     if progress and not _under_vmap(params, data):
@@ -456,8 +707,10 @@ def fit(
         except ImportError:
             raise ImportError("fit: progress=True needs tqdm (pip install 'fusedlp[progress]')")
         every = max(1, max_steps // 100) if progress is True else int(progress)
-    return _fit_loop(objective, optimizer, bool(maximize), int(max_steps), every,
-                     params, tuple(data), tol, atol)
+    result = _fit_loop(objective, optimizer, bool(maximize), int(max_steps), every,
+                       params, tuple(data), tol, atol)
+    _check_finite_start(result)
+    return result
 
 
 def standard_errors(
@@ -470,8 +723,8 @@ def standard_errors(
 
     ``H`` is the Hessian of ``objective(params, *data)`` over all parameter leaves
     flattened together (``jax.flatten_util.ravel_pytree``), taken reverse-over-reverse
-    with :func:`fusedlp.hessian` (fusedlp kernels have no forward mode). At a maximum of a
-    log-likelihood, :math:`(-H)^{-1}` is the inverse observed information: the usual
+    as :func:`fusedlp.hessian` does (fusedlp kernels have no forward mode). At a maximum of
+    a log-likelihood, :math:`(-H)^{-1}` is the inverse observed information: the usual
     asymptotic covariance of the MLE. Standard errors are in the parametrisation of
     ``params`` (for a ``log_scale``, the error of the log).
 
@@ -483,9 +736,10 @@ def standard_errors(
       maximize: False if ``objective`` is a negative log-likelihood.
 
     Returns:
-      A pytree shaped like ``params``. All NaN if the (negated) Hessian is not positive
-      definite (not a strict maximum: a saddle, a flat direction, unidentified
-      parameters), with a ``RuntimeWarning`` when the result is concrete.
+      A pytree shaped like ``params``. All NaN, with a ``RuntimeWarning`` when the result
+      is concrete, if the objective is not finite at ``params`` or the (negated) Hessian
+      is not positive definite (not a strict maximum: a saddle, a flat direction,
+      unidentified parameters).
 
     Example:
       >>> import jax.numpy as jnp, fusedlp
@@ -496,24 +750,37 @@ def standard_errors(
       0.7906
     """
     params = _as_float_params(params)
-    se, pos_def = _standard_errors(objective, bool(maximize), params, tuple(data))
-    if not _is_tracer(pos_def) and not bool(pos_def):
-        warnings.warn(
-            "standard_errors: the negated Hessian is not positive definite at these params "
-            "(not a strict maximum); returning NaN",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-    return se
+    _, cov, finite, pos_def = _covariance(objective, bool(maximize), params, tuple(data))
+    _warn_if_unusable("standard_errors", finite, pos_def)
+    flat, unravel = ravel_pytree(params)
+    return unravel(jnp.sqrt(jnp.diagonal(cov)).astype(flat.dtype))
+
+
+def _warn_if_unusable(who: str, finite, pos_def) -> None:
+    """The RuntimeWarning for a concrete non-finite objective or non-maximum."""
+    if isinstance(finite, jax.core.Tracer) or isinstance(pos_def, jax.core.Tracer):
+        return
+    finite, pos_def = np.asarray(finite), np.asarray(pos_def)
+    if not finite.all():
+        msg = "the objective is not finite at these params; returning NaN"
+    elif not pos_def.all():
+        msg = ("the negated Hessian is not positive definite at these params (not a strict "
+               "maximum); returning NaN")
+    else:
+        return
+    warnings.warn(f"{who}: {msg}", RuntimeWarning, stacklevel=3)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
-def _standard_errors(objective, maximize, params, data):
+def _covariance(objective, maximize, params, data):
+    """Log-likelihood at ``params`` and ``(-H)^-1`` over the flattened parameters (NaN
+    unless the log-likelihood is finite and ``-H`` positive definite), and those two
+    conditions."""
     flat, unravel = ravel_pytree(params)
     sign = 1.0 if maximize else -1.0
-    H = hessian(lambda v: sign * objective(unravel(v), *data))(flat)
+    loglik, _, H = _value_grad_hessian(lambda v: sign * objective(unravel(v), *data), flat)
     chol = jnp.linalg.cholesky(-H)  # -H: the observed information; NaN if not pos. def.
+    finite = jnp.isfinite(loglik)
     pos_def = jnp.all(jnp.isfinite(chol))
     cov = jax.scipy.linalg.cho_solve((chol, True), jnp.eye(flat.shape[0], dtype=chol.dtype))
-    se = jnp.where(pos_def, jnp.sqrt(jnp.diagonal(cov)), jnp.nan)
-    return unravel(se.astype(flat.dtype)), pos_def
+    return loglik, jnp.where(finite & pos_def, cov, jnp.nan), finite, pos_def

@@ -396,8 +396,9 @@ class _FitLoop:
         self.objective = objective
 
     def lower(self, params, data):
-        tol = fitting._default_tol(np.float64)
-        return fitting._fit_loop.lower(self.objective, fitting.default_optimizer(), True, 1000,
+        optimizer = fitting._resolve_optimizer(None, params)  # Newton, for 3 parameters
+        tol = fitting._default_newton_tol(np.float64)
+        return fitting._fit_loop.lower(self.objective, optimizer, True, 1000,
                                        0, params, tuple(data), tol, tol)
 
 

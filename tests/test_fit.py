@@ -13,6 +13,7 @@ import math
 
 import chex
 import jax
+import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -165,11 +166,25 @@ def test_divergent_learning_rate_ends_diverged_with_finite_params(rng):
     assert np.all(np.isnan(res.history[steps + 1:]))
 
 
-def test_non_finite_start_is_diverged_at_step_zero(rng):
-    res = fusedlp.fit(normal_loglik, {"loc": 0.0, "scale": -1.0}, rng.normal(size=N))
+def test_non_finite_start_raises_naming_the_cause_and_is_diverged_when_traced(rng):
+    y = rng.normal(size=N)
+    with pytest.raises(ValueError, match=r"not finite at init_params.*outside the parameters"):
+        fusedlp.fit(normal_loglik, {"loc": 0.0, "scale": -1.0}, y)
+    res = jax.jit(functools.partial(fusedlp.fit, normal_loglik))({"loc": 0.0, "scale": -1.0}, y)
     assert int(res.status) == FitStatus.DIVERGED and int(res.num_steps) == 0
     assert not bool(res.converged) and float(res.params["scale"]) == -1.0
     assert np.all(np.isnan(res.history))  # history[0]: the (NaN) objective at init_params
+
+
+def test_counts_outside_the_support_raise_naming_the_kernel():
+    """statsmodels' `fair` data: `affairs` is not an integer in about a third of the rows."""
+    sm = pytest.importorskip("statsmodels.api")
+    data = sm.datasets.fair.load_pandas().data
+    k = data["affairs"].to_numpy()
+    assert np.any(k != np.floor(k))
+    X = sm.add_constant(data[["rate_marriage", "age", "yrs_married"]]).to_numpy(np.float64)
+    with pytest.raises(ValueError, match=r"non-integer or negative counts for poisson"):
+        fusedlp.fit(poisson_regression_loglik, {"beta": np.zeros(X.shape[1])}, X, k)
 
 
 @pytest.mark.parametrize("which, bad", [(0, np.nan), (0, np.inf), (1, -np.inf)])
@@ -192,8 +207,8 @@ def test_empty_data_and_non_finite_init_raise(rng):
                     {"y": np.array([1.0, np.nan])})
     y = rng.normal(size=N)
     y[7] = np.nan
-    res = fusedlp.fit(normal_loglik, {"loc": 0.0, "scale": 1.0}, y, validate=False)
-    assert int(res.status) == FitStatus.DIVERGED and int(res.num_steps) == 0
+    with pytest.raises(ValueError, match=r"objective is not finite at init_params"):
+        fusedlp.fit(normal_loglik, {"loc": 0.0, "scale": 1.0}, y, validate=False)
 
 
 def test_single_observation_scale_is_not_reported_converged():
@@ -235,16 +250,39 @@ def test_converged_at_the_start_takes_no_step(rng):
     assert bool(res.converged) and int(res.num_steps) == 0
 
 
-def test_tolerance_semantics(rng):
+def test_tolerance_semantics_of_gradient_methods(rng):
     y = rng.normal(size=N)
     init = {"loc": 3.0, "scale": 3.0}
-    loose = fusedlp.fit(normal_loglik, init, y, tol=1e-2, atol=0.0)  # same compilation
-    tight = fusedlp.fit(normal_loglik, init, y)
+    lbfgs = functools.partial(fusedlp.fit, normal_loglik, optimizer="lbfgs")
+    loose = lbfgs(init, y, tol=1e-2, atol=0.0)  # same compilation
+    tight = lbfgs(init, y)
     assert bool(loose.converged) and bool(tight.converged)
     assert float(loose.grad_norm) <= 1e-2 * abs(float(loose.value))
     assert int(loose.num_steps) < int(tight.num_steps)
-    big = fusedlp.fit(normal_loglik, init, y, tol=0.0, atol=1e6)
+    big = lbfgs(init, y, tol=0.0, atol=1e6)
     assert bool(big.converged) and int(big.num_steps) == 0
+
+
+def newton_decrement(objective, params, *data):
+    """sqrt(g^T (-H)^-1 g) of a log-likelihood, with NumPy's solve."""
+    flat, unravel = jax.flatten_util.ravel_pytree(params)
+    g = jax.grad(lambda v: objective(unravel(v), *data))(flat)
+    H = fusedlp.hessian(lambda v: objective(unravel(v), *data))(flat)
+    return math.sqrt(float(np.asarray(g) @ np.linalg.solve(-np.asarray(H), np.asarray(g))))
+
+
+def test_tolerance_semantics_of_newton(rng):
+    y = rng.normal(size=N)
+    init = {"loc": 3.0, "scale": 3.0}
+    loose = fusedlp.fit(normal_loglik, init, y, optimizer="newton", tol=1e-2)
+    tight = fusedlp.fit(normal_loglik, init, y)  # the default for two parameters
+    assert bool(loose.converged) and bool(tight.converged)
+    assert newton_decrement(normal_loglik, loose.params, y) <= 1e-2
+    assert newton_decrement(normal_loglik, tight.params, y) <= math.sqrt(np.finfo(float).eps)
+    assert int(loose.num_steps) < int(tight.num_steps)
+    # in standard-error units: the loose fit is within 1e-2 standard errors of the MLE
+    se = fusedlp.standard_errors(normal_loglik, tight.params, y)
+    assert abs(float(loose.params["loc"] - tight.params["loc"])) <= 1e-2 * float(se["loc"])
 
 
 def test_plain_gradient_transformation(rng):
@@ -379,3 +417,107 @@ def test_standard_errors_docstring_example_and_minimize_convention():
     np.testing.assert_allclose(se["loc"], math.sqrt(2.5) / 2, rtol=1e-12)
     nll = lambda p, y: -normal_loglik(p, y)  # noqa: E731
     leaves_close(fusedlp.standard_errors(nll, p, y, maximize=False), se, rtol=1e-14)
+
+
+# ============================================== newton, runaway objectives, printing
+
+
+def unbounded_log_growth(params, x):
+    """log(1 + theta^2): no maximum, and a gradient that vanishes as theta grows."""
+    return jnp.log1p(params["theta"] ** 2) + 0.0 * jnp.sum(x)
+
+
+def unbounded_linear(params, x):
+    return params["theta"] * jnp.sum(x)
+
+
+@pytest.mark.parametrize("optimizer", ["newton", "lbfgs", "adam", "sgd"])
+@pytest.mark.parametrize("objective", [unbounded_log_growth, unbounded_linear])
+def test_a_runaway_objective_is_never_converged(objective, optimizer):
+    opt = {"adam": optax.adam(0.5), "sgd": optax.sgd(0.6)}.get(optimizer, optimizer)
+    res = fusedlp.fit(objective, {"theta": 1.0}, jnp.array([1.0, 2.0]), optimizer=opt,
+                      max_steps=300)
+    assert not bool(res.converged), repr(res)
+    assert int(res.status) in (FitStatus.MAX_STEPS, FitStatus.DIVERGED, FitStatus.STALLED)
+
+
+def test_the_issues_sgd_runaway_is_not_converged():
+    """sgd(0.6) on a normal mean overshoots further every step: |f| grows without bound."""
+    res = fusedlp.fit(lambda p, x: fusedlp.normal_lpdf(x, p["mu"], 1.0), {"mu": 0.0},
+                      jnp.array([1.0, 2.0, 4.0, 7.0]), optimizer=optax.sgd(0.6))
+    assert not bool(res.converged)
+    assert abs(float(res.params["mu"])) > 1e6  # it did run away
+
+
+def star98():
+    """statsmodels' star98: a binomial GLM with 20 covariates on very different scales."""
+    sm = pytest.importorskip("statsmodels.api")
+    data = sm.datasets.star98.load()
+    X = sm.add_constant(data.exog, prepend=True).to_numpy(np.float64)
+    k, fail = (data.endog[c].to_numpy(np.float64) for c in ("NABOVE", "NBELOW"))
+    return sm, X, k, k + fail
+
+
+def binomial_regression_loglik(params, X, k, n):
+    return fusedlp.binomial_logit_lpmf(k, n, X @ params["beta"])
+
+
+def test_newton_converges_on_star98_where_lbfgs_runs_out_of_steps():
+    sm, X, k, n = star98()
+    ref = sm.GLM(np.column_stack([k, n - k]), X, family=sm.families.Binomial()).fit(tol=1e-13)
+    init = {"beta": np.zeros(X.shape[1])}
+    newton = fusedlp.fit(binomial_regression_loglik, init, X, k, n)  # the default: Newton
+    assert bool(newton.converged) and int(newton.num_steps) < 20, repr(newton)
+    np.testing.assert_allclose(newton.params["beta"], ref.params, rtol=1e-6)
+    lbfgs = fusedlp.fit(binomial_regression_loglik, init, X, k, n, optimizer="lbfgs",
+                        max_steps=200)
+    assert not bool(lbfgs.converged)  # the scales defeat it (the issue's motivation)
+
+
+def test_newton_under_vmap_equals_single_fits(rng):
+    n, p, batch = 200, 3, 16
+    X = np.column_stack([np.ones(n), rng.normal(size=(n, p - 1))])
+    betas = rng.normal(0.0, 0.5, size=(batch, p))
+    ks = rng.poisson(np.exp(betas @ X.T))
+    init = {"beta": jnp.zeros(p)}
+    fit1 = functools.partial(fusedlp.fit, poisson_regression_loglik, optimizer="newton")
+    batched = jax.jit(jax.vmap(fit1, in_axes=(None, None, 0)))(init, X, ks)
+    assert bool(jnp.all(batched.converged))
+    for i in range(batch):
+        single = fit1(init, X, ks[i])
+        assert int(batched.num_steps[i]) == int(single.num_steps)
+        np.testing.assert_allclose(batched.params["beta"][i], single.params["beta"], rtol=1e-10)
+
+
+def test_newton_loop_is_traced_once(rng):
+    traces = []
+
+    def loglik(params, y):
+        traces.append(None)
+        return fusedlp.normal_lpdf(y, params["loc"], jnp.exp(params["log_scale"]))
+
+    run = jax.jit(chex.assert_max_traces(
+        lambda init, y: fusedlp.fit(loglik, init, y, optimizer="newton"), n=1))
+    init = {"loc": 0.0, "log_scale": 0.0}
+    a = run(init, rng.normal(size=30))
+    n = len(traces)  # the places of the objective in the one compiled loop
+    b = run(init, rng.normal(3.0, 2.0, size=30))  # AssertionError on a second trace
+    assert bool(a.converged) and bool(b.converged)
+    assert len(traces) == n  # the second call runs the compiled loop: no retrace
+
+
+def test_result_prints_status_by_name_and_converts_to_numpy(rng):
+    k = rng.poisson(3.2, size=50)
+    res = fusedlp.fit(poisson_rate_loglik, {"rate": 1.0}, k)
+    assert "status=FitStatus.CONVERGED" in repr(res) and "Array(" not in repr(res)
+    d = res.to_dict()
+    assert d["status"] == "CONVERGED" and isinstance(d["params"]["rate"], np.ndarray)
+    batch = jax.vmap(lambda k: fusedlp.fit(poisson_rate_loglik, {"rate": 1.0}, k))(
+        np.stack([k, k + 1]))
+    assert "status={CONVERGED: 2}" in repr(batch)
+    assert list(batch.to_dict()["status"]) == ["CONVERGED", "CONVERGED"]
+
+
+def test_unknown_optimizer_name_raises():
+    with pytest.raises(ValueError, match="'newton', 'lbfgs'"):
+        fusedlp.fit(poisson_rate_loglik, {"rate": 1.0}, np.ones(3), optimizer="bfgs")
