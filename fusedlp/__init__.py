@@ -14,6 +14,9 @@ from fusedlp.fitting import FitResult as FitResult
 from fusedlp.fitting import FitStatus as FitStatus
 from fusedlp.fitting import fit as fit
 from fusedlp.fitting import standard_errors as standard_errors
+from fusedlp.inference import FitSummary as FitSummary
+from fusedlp.inference import summary as summary
+from fusedlp._pointwise import pointwise as pointwise
 from fusedlp._fuse import fuse as fuse
 from fusedlp.gamma import gamma_lpdf as gamma_lpdf
 from fusedlp.negative_binomial import negative_binomial_lpmf as negative_binomial_lpmf
@@ -28,6 +31,7 @@ __version__ = "0.1.0"
 __all__ = (
     "FitResult",
     "FitStatus",
+    "FitSummary",
     "bernoulli_logit_lpmf",
     "binomial_logit_lpmf",
     "eam_energy",
@@ -38,10 +42,12 @@ __all__ = (
     "hessian",
     "negative_binomial_lpmf",
     "normal_lpdf",
+    "pointwise",
     "poisson_log_lpmf",
     "poisson_lpmf",
     "shard",
     "standard_errors",
     "student_t_lpdf",
+    "summary",
     "validation",
 )

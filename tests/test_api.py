@@ -45,7 +45,9 @@ KERNEL_API = {
     "poisson_lpmf",
     "validation",
 }
-FIT_API = {"FitResult", "FitStatus", "fit", "standard_errors"}  # fusedlp.fit, tested elsewhere
+# fusedlp.fit, fusedlp.summary and fusedlp.pointwise: tested in test_fit.py / test_summary.py
+FIT_API = {"FitResult", "FitStatus", "FitSummary", "fit", "pointwise", "standard_errors",
+           "summary"}
 SHARDING_API = {"shard"}  # fusedlp.sharding, tested in test_sharding.py
 # fusedlp.fuse and the kernels built with it, tested in test_fuse.py / test_more_kernels.py
 FUSE_API = {"fuse", "student_t_lpdf", "gamma_lpdf", "negative_binomial_lpmf",

@@ -1,0 +1,234 @@
+"""fusedlp.summary against statsmodels on data sets statsmodels ships, and fusedlp.pointwise.
+
+Each reference is computed here by statsmodels, fitted to a tight tolerance; fusedlp's fits
+use their defaults (Newton: every model here has at most 21 parameters). Parity: parameters
+to 1e-6, standard errors to 1e-4, and z, p-values, intervals, log-likelihood, AIC and BIC.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import jax
+import jax.flatten_util
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fusedlp
+
+sm = pytest.importorskip("statsmodels.api")
+
+
+def binomial_glm(params, X, k, n):
+    return fusedlp.binomial_logit_lpmf(k, n, X @ params["beta"])
+
+
+def logit(params, X, y):
+    return fusedlp.bernoulli_logit_lpmf(y, X @ params["beta"])
+
+
+def gamma_log_link(params, X, y, shape):
+    return fusedlp.gamma_lpdf(y, shape, shape * jnp.exp(-(X @ params["beta"])))
+
+
+def nb2(params, X, k):
+    return fusedlp.negative_binomial_lpmf(k, jnp.exp(X @ params["beta"]), 1.0 / params["alpha"])
+
+
+def assert_parity(s, ref, coef, alpha=0.05):
+    """``s``: a FitSummary whose parameters, flattened, are statsmodels' ``ref.params``."""
+    d = s.to_dict()
+    np.testing.assert_allclose(d["coef"], ref.params, rtol=1e-6, atol=1e-10)
+    np.testing.assert_allclose(d["std_err"], ref.bse, rtol=1e-4)
+    np.testing.assert_allclose(d["z"], ref.tvalues, rtol=1e-4)
+    np.testing.assert_allclose(d["p_value"], ref.pvalues, rtol=1e-3, atol=1e-12)
+    ci = np.asarray(ref.conf_int(alpha))
+    # a bound is coef -/+ q se: off by as much as coef's 1e-6 and se's 1e-4 allow
+    slack = 1e-6 * np.abs(coef) + 4e-4 * np.asarray(ref.bse)
+    assert np.all(np.abs(d["ci_lower"] - ci[:, 0]) <= slack)
+    assert np.all(np.abs(d["ci_upper"] - ci[:, 1]) <= slack)
+    np.testing.assert_allclose(d["loglik"], ref.llf, rtol=1e-10)
+    np.testing.assert_allclose(d["aic"], ref.aic, rtol=1e-10)
+    bic = ref.bic_llf if hasattr(ref, "bic_llf") else ref.bic
+    np.testing.assert_allclose(d["bic"], bic, rtol=1e-10)
+
+
+def test_star98_binomial_glm_with_unscaled_covariates():
+    data = sm.datasets.star98.load()
+    X = sm.add_constant(data.exog, prepend=True).to_numpy(np.float64)
+    k, fail = (data.endog[c].to_numpy(np.float64) for c in ("NABOVE", "NBELOW"))
+    ref = sm.GLM(np.column_stack([k, fail]), X, family=sm.families.Binomial()).fit(tol=1e-13)
+    res = fusedlp.fit(binomial_glm, {"beta": np.zeros(X.shape[1])}, X, k, k + fail)
+    assert bool(res.converged), repr(res)
+    s = fusedlp.summary(binomial_glm, res, X, k, k + fail, nobs=X.shape[0])
+    assert_parity(s, ref, ref.params)
+
+
+def test_spector_logit():
+    data = sm.datasets.spector.load()
+    X = sm.add_constant(data.exog, prepend=True).to_numpy(np.float64)
+    y = data.endog.to_numpy(np.float64)
+    ref = sm.Logit(y, X).fit(method="newton", tol=1e-14, disp=0)
+    res = fusedlp.fit(logit, {"beta": np.zeros(X.shape[1])}, X, y)
+    assert bool(res.converged), repr(res)
+    assert_parity(fusedlp.summary(logit, res, X, y, nobs=len(y), alpha=0.1), ref, ref.params,
+                  alpha=0.1)
+
+
+def test_scotland_gamma_glm_with_log_link():
+    """statsmodels' GLM holds the gamma shape at 1 / (its Pearson scale) and, with
+    ``optim_hessian="oim"``, reports the observed information: so does this fit."""
+    data = sm.datasets.scotland.load()
+    X = sm.add_constant(data.exog, prepend=True).to_numpy(np.float64)
+    y = data.endog.to_numpy(np.float64)
+    family = sm.families.Gamma(link=sm.families.links.Log())
+    irls = sm.GLM(y, X, family=family).fit(tol=1e-13)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # statsmodels' note that newton's gtol was met early
+        ref = sm.GLM(y, X, family=family).fit(method="newton", start_params=irls.params,
+                                              scale=irls.scale, optim_hessian="oim",
+                                              maxiter=50, disp=0)
+    shape = 1.0 / irls.scale
+    init = {"beta": np.r_[np.log(y.mean()), np.zeros(X.shape[1] - 1)]}
+    res = fusedlp.fit(gamma_log_link, init, X, y, shape)
+    assert bool(res.converged), repr(res)
+    np.testing.assert_allclose(res.params["beta"], irls.params, rtol=1e-6)
+    assert_parity(fusedlp.summary(gamma_log_link, res, X, y, shape, nobs=len(y)), ref,
+                  irls.params)
+
+
+def test_randhie_negative_binomial_nb2():
+    from statsmodels.discrete.discrete_model import NegativeBinomial
+
+    data = sm.datasets.randhie.load()
+    X = sm.add_constant(data.exog, prepend=True).to_numpy(np.float64)[:4000]
+    k = data.endog.to_numpy(np.float64)[:4000]
+    model = NegativeBinomial(k, X, loglike_method="nb2")
+    start = model.fit(disp=0, maxiter=500).params
+    ref = model.fit(start_params=start, method="newton", tol=1e-14, maxiter=100, disp=0)
+    init = {"beta": np.zeros(X.shape[1]), "alpha": 1.0}
+    res = fusedlp.fit(nb2, init, X, k)
+    assert bool(res.converged), repr(res)
+    s = fusedlp.summary(nb2, res, X, k, nobs=len(k))
+    # ravel_pytree orders dict keys: alpha first, then beta; statsmodels puts alpha last
+    assert s.to_dict()["name"][:2] == ["alpha", "beta[0]"]
+    order = np.r_[np.arange(1, X.shape[1] + 1), 0]
+    d = s.to_dict()
+    ref_params = np.asarray(ref.params)
+    for key in ("coef", "std_err", "z", "p_value", "ci_lower", "ci_upper"):
+        d[key] = d[key][order]
+    np.testing.assert_allclose(d["coef"], ref_params, rtol=1e-6, atol=1e-10)
+    np.testing.assert_allclose(d["std_err"], ref.bse, rtol=1e-4)
+    np.testing.assert_allclose(d["z"], ref.tvalues, rtol=1e-4)
+    np.testing.assert_allclose(d["p_value"], ref.pvalues, rtol=1e-3, atol=1e-12)
+    ci = np.asarray(ref.conf_int())
+    np.testing.assert_allclose(np.c_[d["ci_lower"], d["ci_upper"]], ci, rtol=1e-4, atol=1e-9)
+    np.testing.assert_allclose([d["loglik"], d["aic"], d["bic"]], [ref.llf, ref.aic, ref.bic],
+                               rtol=1e-10)
+
+
+# ================================================================ the table and its forms
+
+
+def normal_model(params, y):
+    return fusedlp.normal_lpdf(y, params["mu"], jnp.exp(params["log_sigma"]))
+
+
+def test_table_rows_are_named_from_pytree_paths_and_frame_matches():
+    y = jnp.array([1.0, 2.0, 4.0, 5.0, 3.5])
+    params = {"beta": jnp.zeros(2), "log_phi": 0.0}
+
+    def loglik(p, y):
+        return fusedlp.normal_lpdf(y, p["beta"][0] + p["beta"][1], jnp.exp(p["log_phi"])) \
+            - 0.5 * p["beta"][1] ** 2
+
+    res = fusedlp.fit(loglik, params, y)
+    s = fusedlp.summary(loglik, res, y, nobs=5)
+    text = str(s)
+    for name in ("beta[0]", "beta[1]", "log_phi", "Log-likelihood", "AIC", "BIC",
+                 "P>|z|", "[0.025", "0.975]"):
+        assert name in text
+    frame = s.to_frame()
+    assert list(frame.index) == ["beta[0]", "beta[1]", "log_phi"]
+    np.testing.assert_allclose(frame["std_err"].to_numpy(),
+                               jax.flatten_util.ravel_pytree(
+                                   fusedlp.standard_errors(loglik, res.params, y))[0])
+    no_nobs = fusedlp.summary(loglik, res, y)
+    assert np.isnan(no_nobs.bic) and "BIC: —" in str(no_nobs)
+
+
+def test_summary_under_jit_and_vmap_equals_single_summaries(rng):
+    ys = rng.normal(rng.uniform(-1, 1, size=(4, 1)), 2.0, size=(4, 40))
+    init = {"mu": 0.0, "log_sigma": 0.0}
+
+    def one(y):
+        res = fusedlp.fit(normal_model, init, y)
+        return fusedlp.summary(normal_model, res, y, nobs=40)
+
+    batched = jax.jit(jax.vmap(one))(ys)
+    for i in range(4):
+        single = one(ys[i])
+        for got, want in zip(jax.tree.leaves(batched), jax.tree.leaves(single)):
+            np.testing.assert_allclose(got[i], want, rtol=1e-10)
+    with pytest.raises(ValueError, match="select one first"):
+        str(batched)
+
+
+def test_summary_at_a_non_finite_objective_is_nan_with_a_warning():
+    y = jnp.array([1.0, 2.0, 4.0])
+    bad = {"mu": 0.0, "log_sigma": jnp.inf}
+    with pytest.warns(RuntimeWarning, match="not finite"):
+        s = fusedlp.summary(normal_model, bad, y)
+    assert all(np.all(np.isnan(leaf)) for leaf in jax.tree.leaves(s.se))
+    with pytest.warns(RuntimeWarning, match="not finite"):
+        se = fusedlp.standard_errors(normal_model, bad, y)
+    assert all(np.all(np.isnan(leaf)) for leaf in jax.tree.leaves(se))
+
+
+# =============================================================================== pointwise
+
+KERNEL_CASES = {
+    "normal_lpdf": (fusedlp.normal_lpdf, lambda r: (r.normal(size=6), 0.3, 1.7)),
+    "poisson_lpmf": (fusedlp.poisson_lpmf, lambda r: (r.poisson(3.0, 6), r.uniform(1, 4, 6))),
+    "poisson_log_lpmf": (fusedlp.poisson_log_lpmf, lambda r: (r.poisson(3.0, 6), r.normal(size=6))),
+    "gamma_lpdf": (fusedlp.gamma_lpdf, lambda r: (r.gamma(2.0, size=6), 2.5, r.uniform(1, 2, 6))),
+    "negative_binomial_lpmf": (fusedlp.negative_binomial_lpmf,
+                               lambda r: (r.poisson(4.0, 6), r.uniform(1, 5, 6), 3.0)),
+    "student_t_lpdf": (fusedlp.student_t_lpdf, lambda r: (r.normal(size=6), 4.0, 0.5, 2.0)),
+    "bernoulli_logit_lpmf": (fusedlp.bernoulli_logit_lpmf,
+                             lambda r: (r.integers(0, 2, 6), r.normal(size=6))),
+    "binomial_logit_lpmf": (fusedlp.binomial_logit_lpmf,
+                            lambda r: (r.integers(0, 5, 6), 5, r.normal(size=6))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(KERNEL_CASES))
+def test_pointwise_terms_sum_to_the_kernel(name, rng):
+    kernel, make = KERNEL_CASES[name]
+    args = [np.asarray(a, np.float64) for a in make(rng)]
+    terms = fusedlp.pointwise(kernel, *args)
+    assert terms.shape == (6,)
+    np.testing.assert_allclose(jnp.sum(terms), kernel(*args), rtol=1e-12)
+    for i in (0, 5):  # and each term is the kernel on that one element
+        one = [a if a.ndim == 0 else a[i] for a in args]
+        np.testing.assert_allclose(terms[i], kernel(*one), rtol=1e-12)
+
+
+def test_pointwise_options_keywords_and_a_fused_kernel(rng):
+    k, eta = rng.poisson(2.0, size=(3, 4)), rng.normal(size=4)  # broadcast to (3, 4)
+    terms = fusedlp.pointwise(fusedlp.poisson_log_lpmf, k, log_rate=eta, normalized=False)
+    assert terms.shape == (3, 4)
+    np.testing.assert_allclose(jnp.sum(terms), fusedlp.poisson_log_lpmf(
+        k, jnp.broadcast_to(eta, (3, 4)), normalized=False), rtol=1e-12)
+
+    @functools.partial(fusedlp.fuse, data=("x",))
+    def laplace(x, loc, scale):
+        return -jnp.abs(x - loc) / scale - jnp.log(2 * scale)
+
+    x = rng.normal(size=5)
+    np.testing.assert_allclose(jnp.sum(fusedlp.pointwise(laplace, x, 0.2, 1.5)),
+                               laplace(x, 0.2, 1.5), rtol=1e-12)
+    with pytest.raises(TypeError, match="per site"):
+        fusedlp.pointwise(fusedlp.eam_energy, np.ones((2, 3)))
