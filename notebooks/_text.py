@@ -13,17 +13,18 @@ NOTEBOOKS = [
         "intro": """
 # 01 — Which AD mode for the gradient of a normal log-likelihood?
 
-Seed study: `../shared/seeds/000_1cdbcce1aca03f97.txt` (a Julia gist comparing Tracker,
-ReverseDiff, Zygote, ForwardDiff and complex-step differentiation).
+**The write-up.** The GitHub gist "Automatic Differentiation Benchmarks" (luiarthur,
+November 2022) times the gradient of a normal log-density in Julia with Tracker,
+ReverseDiff, Zygote, ForwardDiff and complex-step differentiation.
 
 **The question.** We want ∇θ of f(θ) = Σᵢ log N(yᵢ | θᵢ, s): one scalar out, n numbers in. Theory
 says reverse mode should cost a small constant times the value whatever n is, while forward
 mode, complex step and finite differences each need one pass per element of θ, so their cost
-grows like n². The seed measured exactly that in Julia, with reverse mode at 5–20× the value.
+grows like n². The write-up measured exactly that in Julia, with reverse mode at 5–20× the value.
 Here we ask how JAX's modes compare on the same function and sizes (n = 10, 100, 1000, plus
 10⁶ where only reverse mode and fusedlp are feasible), whether a generic reverse pass already
 reaches the value's cost, and what `fusedlp.normal_lpdf` adds. All timings are float64 on
-this machine's CPU and compared as ratios to the value, as the seed's figures came from
+this machine's CPU and compared as ratios to the value, as the write-up's figures came from
 another machine.
 """,
         "code_md": """
@@ -31,25 +32,25 @@ another machine.
 
 Each variant is a JAX function of θ, jitted and compiled ahead of time (compile time is
 reported apart). Forward mode is `jax.jacfwd` (one tangent per element, vmapped); complex step
-evaluates the seed's analytic `normlpdf` at θ + i·h·eⱼ for every j; finite differences use
+evaluates the write-up's analytic `normlpdf` at θ + i·h·eⱼ for every j; finite differences use
 n + 1 evaluations. A *call floor* row times a jitted function that does no work, the fixed
 cost of calling compiled code from Python.
 """,
         "conclusion": """
 Measured on a 2-core AMD EPYC virtual machine, JAX 0.10.2 on CPU, float64 (the tables above);
-the seed's figures come from another machine, so we compare ratios to the value.
+the write-up's figures come from another machine, so we compare ratios to the value.
 
 * **Reverse mode is the right mode, and in JAX it is as cheap as the value.** `jax.grad`
   costs 0.3–0.95× the value at every n here, against 5–20× for Zygote and ReverseDiff in the
-  seed. The gradient with respect to the means is (y − θ)/s², one elementwise pass that XLA
+  write-up. The gradient with respect to the means is (y − θ)/s², one elementwise pass that XLA
   compiles without a tape; the value also has to sum, which the gradient does not.
-* **Forward mode, complex step and finite differences grow like n²**, as in the seed:
-  from about the value's cost at n = 10 to 60–110× the value at n = 1000 (the seed: 356× for
+* **Forward mode, complex step and finite differences grow like n²**, as in the write-up:
+  from about the value's cost at n = 10 to 60–110× the value at n = 1000 (the write-up: 356× for
   ForwardDiff and 1300× for complex step). Batching the n passes with `vmap` makes them much
   cheaper than Julia's loops, but does not change the order.
 * **At n ≤ 1000 nothing here costs much more than calling compiled code at all**: a jitted
   call that does no work takes about 5 µs on this machine, and the value and every
-  reverse-mode gradient sit within 1–2 µs of it. The seed's n = 10…1000 timings (0.1–7 µs for
+  reverse-mode gradient sit within 1–2 µs of it. The write-up's n = 10…1000 timings (0.1–7 µs for
   the value in Julia) are below JAX's floor; a JAX user with such small problems batches
   them (`vmap`) or puts the whole loop under one `jit` (as `fusedlp.fit` does).
 * **fusedlp.normal_lpdf adds nothing for this gradient**: it matches `jax.grad` (and NumPyro)
@@ -91,15 +92,16 @@ claim("fusedlp's value_and_grad is within 0.8-1.3x of autodiff's at every n <= 1
         "intro": """
 # 02 — A Jacobian with respect to one scalar, and differentiating a subset of arguments
 
-Seed study: `../shared/seeds/001_bd9fb3419fe0a4f3.txt` (a Julia Discourse thread).
+**The write-up.** The Julia Discourse thread "Automatic differentiation performance &
+computing derivatives of only a subset of the arguments", about Zygote and ForwardDiff.
 
 **The question.** rs(d, x) = d − (d·f(x))/(f(x)·f(x)) f(x) with f(m)ᵢ = exp(−1.5 (tᵢ − m)²)
 maps a vector d and **one scalar** x to a vector. Its derivative with respect to x is a single
-column. The seed found Zygote's reverse-mode `jacobian` more than 50× slower than finite
+column. The write-up found Zygote's reverse-mode `jacobian` more than 50× slower than finite
 differences and ForwardDiff twice as fast as them, and asked two things: is reverse mode the
 wrong tool here, and can one tell AD not to differentiate d? We time `jax.jacrev` and
 `jax.jacfwd` (with respect to x only and to both arguments) against finite differences at
-the seed's n = 21 and at larger n, repeat it for the scalar output Σ rs², and read XLA's own
+the write-up's n = 21 and at larger n, repeat it for the scalar output Σ rs², and read XLA's own
 operation counts to see what work is spent on d when only x is asked for.
 """,
         "code_md": """
@@ -113,22 +115,22 @@ not a sum of log-densities, and the point is choosing the AD mode.
         "conclusion": """
 Measured on a 2-core AMD EPYC virtual machine, JAX 0.10.2 on CPU, float64 (the tables above).
 
-* **At the seed's n = 21 every method costs about the same** — finite differences,
+* **At the write-up's n = 21 every method costs about the same** — finite differences,
   `jax.jacrev` and `jax.jacfwd` with respect to x all take about 1.1× the value, which is
-  itself near the ~5 µs cost of calling any jitted function. The seed's gap (Zygote's
+  itself near the ~5 µs cost of calling any jitted function. The write-up's gap (Zygote's
   reverse-mode Jacobian over 50× slower than finite differences) does not appear, because
   `jacrev` vmaps its n backward passes into one compiled program instead of running them one
   by one.
-* **But the seed's diagnosis is right, and it shows as n grows.** A reverse-mode Jacobian of a
+* **But the write-up's diagnosis is right, and it shows as n grows.** A reverse-mode Jacobian of a
   vector output needs one backward pass per output: at n = 2001, `jacrev` with respect to x
   costs well over 1000× the value, while `jacfwd` (one tangent for the one scalar) stays near
-  1.2× the value at every n, just as ForwardDiff was the fast choice in the seed.
+  1.2× the value at every n, just as ForwardDiff was the fast choice in the write-up.
 * **Differentiating a subset is automatic and spends less work**: `argnums` says which
   arguments to differentiate, and XLA's operation count is lower for x alone than for
   (d, x), in both modes (table "Work"); the Jacobian with respect to d is an n × n matrix
   that is never formed when only x is asked for.
 * **For the scalar output Σ rs², reverse mode is as fast as forward mode** (within about
-  10 % of each other, 1.0–1.25× the value), where the seed saw Zygote 8× slower than
+  10 % of each other, 1.0–1.25× the value), where the write-up saw Zygote 8× slower than
   ForwardDiff. There is no fusedlp kernel here: the lesson is to pick the mode by the shape
   of the derivative (`jacfwd` for few inputs, `grad`/`jacrev` for a scalar output).
 """,
@@ -157,7 +159,8 @@ claim("scalar output: jax.grad w.r.t. x is within 1.25x of jax.jacfwd w.r.t. x a
         "intro": """
 # 03 — Eager, compiled and fused: the gradient of Σ exp(x)
 
-Seed study: `../shared/seeds/002_8d6e49b1495ba349.txt` (a ReverseDiff.jl issue).
+**The write-up.** The ReverseDiff.jl GitHub issue #215, "Record `Broadcast.broadcasted`
+instead of `Broadcast.broadcast`".
 
 **The question.** ReverseDiff records one tape instruction for an eager broadcast but one
 instruction per element (2n − 1 of them) for a lazy one, which made the gradient of
@@ -181,14 +184,14 @@ Measured on a 2-core AMD EPYC virtual machine, JAX 0.10.2 on CPU, float64 (the t
 
 * **JAX has no per-element tape.** The traced gradient has the same four operations at every
   n (table "Program size"), where ReverseDiff's lazy broadcast records 2n − 1 scalar
-  instructions. The seed's problem — recording a broadcast element by element — cannot arise.
+  instructions. The write-up's problem — recording a broadcast element by element — cannot arise.
 * **What remains is dispatch.** Run op by op (no `jit`), `jax.grad` costs about half a
   millisecond whatever n is up to 10⁴: the cost is launching each primitive (and the
   autodiff machinery) from Python, not the arithmetic. That is 70–100× the jitted gradient at
-  n ≤ 1000, a larger ratio than the seed's lazy/eager 16×; `jit` removes it entirely.
+  n ≤ 1000, a larger ratio than the write-up's lazy/eager 16×; `jit` removes it entirely.
 * **Jitted autodiff is already fused.** XLA compiles the gradient into one elementwise loop,
   and the hand-fused `custom_vjp` (which passes the `exp` from the value to the gradient) is
-  within 15 % of it up to n = 10⁴; the seed's compiled tape still cost 5.4× the eager
+  within 15 % of it up to n = 10⁴; the write-up's compiled tape still cost 5.4× the eager
   broadcast. At 10⁵–10⁶ both spread over hundreds of microseconds to milliseconds between
   calls on this VM (the IQR column), so their medians there say little.
   For a function this simple, `jax.jit(jax.grad(f))` is what to write; fusedlp's kernels pay
@@ -205,7 +208,7 @@ claim("the traced gradient has the same number of operations at every n",
 claim("op by op, the gradient costs over 20x the jitted gradient at n <= 10^4",
       all(median(result, n, "grad_eager") > 20 * median(result, n, "grad")
           for n in ns if n <= 10**4))
-claim("op by op / jit at n = 1000 exceeds the seed's lazy / eager ratio (16x)",
+claim("op by op / jit at n = 1000 exceeds the write-up's lazy / eager ratio (16x)",
       median(result, 1000, "grad_eager") / median(result, 1000, "grad") > 16)
 claim("the fused custom_vjp and jitted jax.grad are within 15% of each other at n <= 10^4",
       all(abs(median(result, n, "fused") / median(result, n, "grad") - 1) < 0.15
@@ -218,46 +221,47 @@ claim("the fused custom_vjp and jitted jax.grad are within 15% of each other at 
         "intro": """
 # 04 — An EAM-style potential: hand gradient, autodiff, fusedlp and a hand loop
 
-Seed study: `../shared/seeds/003_f4c54e1fedfbf3cb.txt` (a Julia Discourse thread on Zygote).
+**The write-up.** The Julia Discourse thread "Zygote Performance", which compares
+hand-written gradients of an EAM-style potential with Zygote's.
 
 **The question.** E(x) = F(Σᵢ ρ(xᵢ)) with ρ(r) = exp(−3(r + 1)) and F(p) = p² + p³ + p⁴/4 is
 the shape of an embedded-atom potential. Its author hand-writes every gradient because
 reverse-mode AD cost 4–30× the value, and evaluates such models millions of times on small
-inputs (n = 100). In the seed, the hand gradient cost about 2× the value, naive Zygote 8–9×,
+inputs (n = 100). In the write-up, the hand gradient cost about 2× the value, naive Zygote 8–9×,
 and a vectorised hand loop computing value and gradient together beat everything. We ask
-where JAX's autodiff, the seed's hand gradient transcribed to JAX, `fusedlp.eam_energy` and
+where JAX's autodiff, the write-up's hand gradient transcribed to JAX, `fusedlp.eam_energy` and
 a numba loop land at n = 100, 1000 and 10⁶ — and, since the real workload is many small
 evaluations, what one evaluation costs inside a batched call.
 """,
         "code_md": """
 ## The code
 
-`deam` is the seed's `deam!` transcribed (it computes the exp twice, once for ρ, once for ρ′).
+`deam` is the write-up's `deam!` transcribed (it computes the exp twice, once for ρ, once for ρ′).
 The numba loops are the hand-optimised reference: one thread, `fastmath`, two passes like the
-seed's LoopVectorization loop. The batch rows evaluate B sites of n = 100 in one call and
+write-up's LoopVectorization loop. The batch rows evaluate B sites of n = 100 in one call and
 report time per site.
 """,
         "conclusion": """
 Measured on a 2-core AMD EPYC virtual machine, JAX 0.10.2 on CPU, float64 (the tables above).
 
-* **In JAX the hand gradient is not needed.** The seed's `deam!` transcribed to JAX, naive
+* **In JAX the hand gradient is not needed.** The write-up's `deam!` transcribed to JAX, naive
   `jax.grad` and `fusedlp.eam_energy` cost the same within noise at every n (within 15 % up
   to n = 10⁴; the 10⁵–10⁶ timings spread widely on this VM): XLA compiles the
   naive reverse pass into the same loops a hand gradient would run, so the 4–9× penalty of
-  naive Zygote in the seed does not exist here.
+  naive Zygote in the write-up does not exist here.
 * **Up to n = 1000 every call is near JAX's ~5 µs dispatch floor** (value and gradients alike
   about 6–8 µs), so gradient/value is about 1. From n = 10⁴ the real ratio shows: each
   gradient costs about 1.5× the value at 10⁴ and about 2× at 10⁶ (10⁵ is noisy on this VM),
-  because it writes n numbers while the value writes one — the same structure as the seed's
+  because it writes n numbers while the value writes one — the same structure as the write-up's
   hand gradient (2.2× in Julia).
 * **The numba loop wins where dispatch dominates and loses where arithmetic does**: at
   n = 100 one thread of numba computes value and gradient in about 2.7 µs, half a jitted call;
   from n = 10⁴ it is 2–5× slower than XLA, which vectorises `exp` and splits big loops over
   both cores.
 * **Batched, the model is cheap**: evaluated as one call on B = 10 000 sites of n = 100 (the
-  seed's real workload), one gradient costs well under 0.1 µs per site — about 2× the
+  write-up's real workload), one gradient costs well under 0.1 µs per site — about 2× the
   batched value, and about 1/70 of a single-site call. On this machine that is faster than
-  the seed's AVX-512 hand loop (0.11 µs, another machine) and than our numba loop over the
+  the write-up's AVX-512 hand loop (0.11 µs, another machine) and than our numba loop over the
   batch (one thread).
 """,
         "claims": """
@@ -289,14 +293,15 @@ claim("batched, one n = 100 gradient costs under 1/20 of a single fused gradient
         "intro": """
 # 05 — The gradient of a Poisson log-likelihood
 
-Seed study: `../shared/seeds/004_b0111cab4e3a9d47.txt` (a Julia Discourse thread).
+**The write-up.** The Julia Discourse thread "Speeding up gradient of logpdf", which
+compares ReverseDiff, Enzyme and JAX on a Poisson log-likelihood.
 
 **The question.** L(λ) = Σᵢ log Poisson(cᵢ | λᵢ) at n = 1000, with counts c ~ Poisson(1.2). In
 Julia, ReverseDiff's gradient cost 2–10× the value until Enzyme matched it; in JAX the author
 saw the jitted gradient run *faster* than the value, and un-jitted JAX 70× slower. We explain
 that, and ask what a user should call: autodiff of `jax.scipy.stats.poisson.logpmf`, NumPyro's
 `Poisson.log_prob`, or `fusedlp.poisson_lpmf` (normalized, or `normalized=False`, which
-drops the −log c! a gradient never needs) — at the seed's n = 1000 and at 10⁶, jitted and not,
+drops the −log c! a gradient never needs) — at the write-up's n = 1000 and at 10⁶, jitted and not,
 against a numba loop.
 """,
         "code_md": """
@@ -308,11 +313,11 @@ functions op by op. The numba loops compute log c! with `math.lgamma` (normalize
         "conclusion": """
 Measured on a 2-core AMD EPYC virtual machine, JAX 0.10.2 on CPU, float64 (the tables above).
 
-* **The seed's puzzle reproduces and has a plain cause.** Jitted `jax.grad` of
+* **The write-up's puzzle reproduces and has a plain cause.** Jitted `jax.grad` of
   `jax.scipy.stats.poisson.logpmf` costs a tenth to a seventh of the value at n = 1000 (the
-  seed: a third) and 1–5 % of it from n = 10⁴. The value must compute log c! with `lgamma`, the
+  write-up: a third) and 1–5 % of it from n = 10⁴. The value must compute log c! with `lgamma`, the
   dearest operation here; the gradient c/λ − 1 does not need it, and XLA deletes what the
-  gradient does not use. Un-jitted, the gradient costs about 6× the value (the seed: 6.5×).
+  gradient does not use. Un-jitted, the gradient costs about 6× the value (the write-up: 6.5×).
 * **Value-and-gradient costs about the value** for every jitted route: the gradient rides
   along with the pass that computes the value.
 * **What to call.** For fitting, `fusedlp.poisson_lpmf(..., normalized=False)` (it drops
@@ -340,7 +345,7 @@ claim("fusedlp normalized value_and_grad is faster than jax.scipy.stats value_an
 claim("normalized=False value_and_grad is over 3x faster than jax.scipy.stats', n >= 10^4",
       all(median(result, n, "vg") > 3 * median(result, n, "propto_vg") for n in ns
           if n >= 10**4))
-claim("un-jitted, the gradient costs over 5x the un-jitted value at n = 1000 (seed: 6.5x)",
+claim("un-jitted, the gradient costs over 5x the un-jitted value at n = 1000 (write-up: 6.5x)",
       median(result, 1000, "grad_eager") > 5 * median(result, 1000, "value_eager"))
 claim("jitted jax.grad of jax.scipy.stats is faster than fusedlp's gradient at n = 10^6",
       None if 10**6 not in ns else median(result, 10**6, "grad") < median(result, 10**6, "fused"))

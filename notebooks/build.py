@@ -59,8 +59,9 @@ result = study.run(quick=QUICK)
 display(Markdown(studies.study_markdown(result)))"""
 
 PLOT = """\
-# Top: median time against n (log-log). Bottom: the seed's ratios beside ours.
-fig = figure(result, study.comparison(result))
+# Top: median time against n (log-log), a few variants per panel; fusedlp in red with hollow
+# markers. Bottom: the write-up's ratios beside ours.
+fig = figure(result, study.comparison(result), study.PLOT_PANELS)
 plt.show()"""
 
 CLAIMS_HEAD = """\

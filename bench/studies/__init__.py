@@ -149,7 +149,7 @@ def main(args) -> int:
         if args.plots:
             os.makedirs(args.plots, exist_ok=True)
             path = os.path.join(args.plots, f"{name}.png")
-            save_plot(res, path, STUDIES[name].comparison(res))
+            save_plot(res, path, STUDIES[name].comparison(res), STUDIES[name].PLOT_PANELS)
             _log(f"#   wrote {path}")
     wall = time.perf_counter() - t0
     print("## Headline: each study at its write-up's n, and at n = 10⁶ where it has one\n")

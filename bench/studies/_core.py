@@ -252,81 +252,101 @@ def header(machine: dict) -> str:
 
 # ---------------------------------------------------------------------- plots
 
+FONT = 9  # legend and tick labels: readable at the notebook's width
+KIND_STYLE = {"value": "-", "gradient": "-", "jacobian": "-", "value_and_gradient": "--"}
 
-def plot(result: dict, ax=None, *, kinds: Sequence[str] | None = None):
-    """Log-log time against n, one line per variant (variants timed at one n are points)."""
-    import matplotlib.pyplot as plt
 
-    if ax is None:
-        _, ax = plt.subplots(figsize=(7, 4.5))
-    names = []
-    for r in result["rows"]:
-        if r["variant"] not in names:
-            names.append(r["variant"])
-    colors = plt.get_cmap("tab20").colors
-    for i, name in enumerate(names):
-        rs = [r for r in result["rows"] if r["variant"] == name and r["median_s"] is not None
-              and (kinds is None or r["kind"] in kinds)]
+def plot(result: dict, ax, variants: Sequence[str], title: str = ""):
+    """Log-log time against n for the named variants (at most about five, so the eye can
+    follow them), with the jit call floor as a grey reference line."""
+    # fusedlp (or the study's fused rule) in reds with large hollow markers, so that a line
+    # lying exactly on another still shows as rings around its points; the value black; the
+    # rest in other colours and marker shapes; value-and-gradient dashed; the floor grey
+    others = iter(zip(["tab:blue", "tab:green", "tab:purple", "tab:olive", "tab:cyan"],
+                      ["s", "^", "D", "v", "P"]))
+    fused = iter(["tab:red", "darkred", "tab:orange"])
+    for name in [*variants, "call_floor"]:
+        rs = [r for r in result["rows"] if r["variant"] == name and r["median_s"] is not None]
         if not rs:
             continue
-        ns = [r["n"] for r in rs]
-        ts = [r["median_s"] * 1e6 for r in rs]
-        style = "-o" if rs[0]["kind"] == "value" else ("--s" if not rs[0]["ad"] else "-^")
-        per = f" (per eval., batch of {rs[0]['per']:,})" if rs[0]["per"] > 1 else ""
-        ax.plot(ns, ts, style, label=rs[0]["label"] + per, markersize=4,
-                color=colors[i % len(colors)])
+        label, kind = rs[0]["label"], rs[0]["kind"]
+        style = dict(ls=KIND_STYLE.get(kind, "-"), lw=1.5, marker="o", markersize=4)
+        if name == "call_floor":
+            label = "jit call floor (a call that does no work)"
+            style.update(ls=":", color="0.5", markersize=3)
+        elif "fused" in label:
+            style.update(color=next(fused), lw=2.0, markersize=9, markerfacecolor="none",
+                         markeredgewidth=1.8)
+        elif kind == "value" and name in ("value", "s_value"):
+            style.update(color="black")
+        else:
+            color, marker = next(others)
+            style.update(color=color, marker=marker, markersize=5)
+        ax.plot([r["n"] for r in rs], [r["median_s"] * 1e6 for r in rs], label=label, **style)
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("n")
-    ax.set_ylabel("median time per call (µs)")
-    ax.set_title(result["title"], fontsize=10)
+    ax.set_xlabel("n", fontsize=FONT + 1)
+    ax.set_ylabel("median time per call (µs)", fontsize=FONT + 1)
+    ax.tick_params(labelsize=FONT)
+    ax.set_title(title, fontsize=FONT + 2)
     ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    # below the axes, where it covers no data
+    ax.legend(fontsize=FONT, loc="upper left", bbox_to_anchor=(0.0, -0.14), frameon=False)
     return ax
 
 
-def plot_ratios(comparison: Sequence[dict], ax=None):
-    """Bars: the seed's ratio and ours, side by side, for each row of a study's comparison."""
-    import matplotlib.pyplot as plt
-
-    if ax is None:
-        _, ax = plt.subplots(figsize=(7, 4.5))
+def plot_ratios(comparison: Sequence[dict], ax):
+    """Bars: the write-up's ratio and ours, side by side, for each row of a comparison."""
     rows = [c for c in comparison if c["seed_ratio"] is not None]
     ypos = np.arange(len(rows))
-    ax.barh(ypos - 0.2, [c["seed_ratio"] for c in rows], 0.4, label="seed")
-    ax.barh(ypos + 0.2, [c["our_ratio"] for c in rows], 0.4, label="ours (JAX / fusedlp)")
-    ax.set_yticks(ypos, [f"{c['seed']} (n={c['n']:,})" for c in rows], fontsize=7)
+    ax.barh(ypos - 0.2, [c["seed_ratio"] for c in rows], 0.4, color="tab:gray",
+            label="in the write-up (its machine, mostly Julia)")
+    ax.barh(ypos + 0.2, [c["our_ratio"] for c in rows], 0.4, color="tab:red",
+            label="here (JAX / fusedlp)")
+    ax.set_yticks(ypos, [f"{c['seed']}  (n = {c['n']:,})" for c in rows], fontsize=FONT)
     ax.invert_yaxis()
     ax.set_xscale("log")
-    ax.axvline(1.0, color="k", lw=0.8)
-    ax.set_xlabel("ratio (log scale; 1 = as fast as the reference)")
-    ax.legend(fontsize=7)
+    ax.axvline(1.0, color="k", lw=1.0)
+    ax.tick_params(axis="x", labelsize=FONT)
+    ax.set_title("The write-up's ratios beside ours (log scale). Each bar is a time divided\n"
+                 "by the time of the reference named after the '/': 1 (black line) = as fast "
+                 "as that reference, below 1 = faster", fontsize=FONT + 1, loc="right")
+    ax.legend(fontsize=FONT, loc="upper left", bbox_to_anchor=(0.0, -0.09), ncol=2,
+              frameon=False)
     ax.grid(True, axis="x", alpha=0.3)
     return ax
 
 
-def figure(result: dict, comparison: Sequence[dict] | None = None):
-    """Time against n (left) and, given a comparison, the seed's ratios against ours."""
+def figure(result: dict, comparison: Sequence[dict] | None = None,
+           panels: Sequence[tuple[str, Sequence[str]]] = ()):
+    """One panel of time against n per ``(title, variants)`` in ``panels`` (side by side),
+    and below them, given a comparison, the write-up's ratios against ours."""
     import matplotlib.pyplot as plt
 
-    if comparison is None:
-        fig, ax = plt.subplots(figsize=(10, 4.5), layout="constrained")
-        plot(result, ax)
-    else:
-        fig, (ax, bx) = plt.subplots(2, 1, figsize=(10, 9), layout="constrained",
-                                     gridspec_kw={"height_ratios": [1.2, 1]})
-        plot(result, ax)
-        plot_ratios(comparison, bx)
+    k = max(len(panels), 1)
+    n_bars = len([c for c in comparison or () if c["seed_ratio"] is not None])
+    heights = [6.2] + ([2.0 + 0.38 * n_bars] if comparison else [])
+    fig = plt.figure(figsize=(max(5.2 * k, 10.4), sum(heights)), layout="constrained")
+    # separate subfigures: the bar chart's long labels must not squeeze the panels above
+    subs = fig.subfigures(len(heights), 1, height_ratios=heights)
+    top = subs[0] if comparison else subs
+    axes = top.subplots(1, k, squeeze=False)[0]
+    for ax, (title, variants) in zip(axes, panels):
+        plot(result, ax, variants, title)
+    if comparison:
+        plot_ratios(comparison, subs[1].subplots())
+    fig.suptitle(result["title"], fontsize=FONT + 3)
     return fig
 
 
-def save_plot(result: dict, path: str, comparison: Sequence[dict] | None = None) -> None:
+def save_plot(result: dict, path: str, comparison: Sequence[dict] | None = None,
+              panels: Sequence[tuple[str, Sequence[str]]] = ()) -> None:
     import matplotlib
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    fig = figure(result, comparison)
+    fig = figure(result, comparison, panels)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

@@ -39,6 +39,11 @@ SOURCE = (
 MEASURES = (
     'the gradient of Σ exp(x) run operation by operation, jitted, and as a fused custom '
     'rule')
+# The plot's panels: (title, variants), a few lines each (figure() in _core).
+PLOT_PANELS = (
+    ("Operation by operation against jit", ("value", "value_eager", "grad_eager", "grad")),
+    ("A fused rule against jax.grad", ("value", "grad", "fused", "vg", "fused_vg")),
+)
 SIZES = (10, 100, 1000, 10**4, 10**5, 10**6)
 QUICK_SIZES = (10, 1000)
 

@@ -38,6 +38,12 @@ SOURCE = (
 MEASURES = (
     'the value and gradient of the potential F(Σ ρ(x_i)): the hand gradient, jax.grad, '
     'fusedlp.eam_energy and a numba loop, one site at a time and batched')
+# The plot's panels: (title, variants), a few lines each (figure() in _core).
+PLOT_PANELS = (
+    ("The gradient", ("value", "deam", "naive", "fused")),
+    ("Value and gradient against a numba loop", ("value", "fused_vg", "numba_value",
+                                                  "numba_vg")),
+)
 SIZES = (100, 1000, 10**4, 10**5, 10**6)
 QUICK_SIZES = (100, 1000)
 BATCH, QUICK_BATCH = 10_000, 1000
@@ -105,7 +111,7 @@ def variants(x, nb_value, nb_vg):
     fused = fusedlp.eam_energy
     return [
         Variant("value", "E(x), jax", "value", eam, (x,)),
-        Variant("deam", "seed's deam! in JAX (hand gradient)", "gradient", deam, (x,)),
+        Variant("deam", "the write-up's deam! in JAX (hand gradient)", "gradient", deam, (x,)),
         Variant("naive", "jax.grad (naive reverse mode)", "gradient", jax.grad(eam), (x,),
                 ad=True),
         Variant("fused", "fusedlp.eam_energy, jax.grad", "gradient", jax.grad(fused), (x,)),

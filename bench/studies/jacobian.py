@@ -38,6 +38,13 @@ MEASURES = (
     'the Jacobian of a vector function with respect to one scalar input, by reverse mode, '
     'forward mode and finite differences, and whether JAX spends work on an argument that '
     'is not differentiated')
+# The plot's panels: (title, variants), a few lines each (figure() in _core).
+PLOT_PANELS = (
+    ("Jacobian d rs / dx (vector output)", ("value", "finite_diff", "jacrev_x", "jacfwd_x",
+                                            "jacrev_dx")),
+    ("Gradient of the scalar Σ rs²", ("s_value", "s_finite_diff", "s_grad_x", "s_jacfwd_x",
+                                     "s_grad_dx")),
+)
 SIZES = (21, 201, 2001)
 QUICK_SIZES = (21, 201)
 X0 = 0.3

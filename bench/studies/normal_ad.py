@@ -31,6 +31,11 @@ SOURCE = (
 MEASURES = (
     'the gradient of a normal log-likelihood with respect to its n means, by every '
     "differentiation mode JAX has, against the value's own cost")
+# The plot's panels: (title, variants), a few lines each (figure() in _core).
+PLOT_PANELS = (
+    ("Every way to the gradient", ("value", "reverse", "forward", "complex_step", "finite_diff")),
+    ("fusedlp against jax.grad", ("value", "reverse", "fused", "reverse_vg", "fused_vg")),
+)
 SIZES = (10, 100, 1000, 10**4, 10**5, 10**6)
 QUICK_SIZES = (10, 100, 1000)
 DENSE_MAX_N = 1000  # forward mode, complex step and FD materialise n x n arrays
@@ -148,7 +153,7 @@ def run(quick: bool = False) -> dict:
 
 
 def comparison(result: dict) -> list[dict]:
-    """The seed's gradient/value ratios beside ours, at the seed's sizes."""
+    """The write-up's gradient/value ratios beside ours, at the write-up's sizes."""
     pairs = (("Zygote (reverse)", "reverse"), ("ReverseDiff (reverse)", "reverse"),
              ("ForwardDiff (forward)", "forward"), ("complex step", "complex_step"))
     from bench.studies._core import median, row
@@ -157,7 +162,7 @@ def comparison(result: dict) -> list[dict]:
     for n in (10, 100, 1000):
         v = median(result, n, "value")
         for seed_label, ours in pairs:
-            out.append({"n": n, "seed": seed_label,
+            out.append({"n": n, "seed": f"{seed_label} / value",
                         "seed_ratio": result["seed_figures"]["ratios"][seed_label][str(n)],
                         "ours": row(result, n, ours)["label"],
                         "our_ratio": median(result, n, ours) / v})

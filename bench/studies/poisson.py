@@ -40,6 +40,12 @@ SOURCE = (
 MEASURES = (
     'the value and gradient of a Poisson log-likelihood with respect to its n rates, jitted'
     ' and not: jax.scipy.stats, NumPyro, fusedlp and a numba loop')
+# The plot's panels: (title, variants), a few lines each (figure() in _core).
+PLOT_PANELS = (
+    ("The gradient, jitted", ("value", "grad", "fused")),
+    ("Value and gradient together", ("value", "vg", "fused_vg", "propto_vg", "numba_vg")),
+    ("Without jit", ("value", "value_eager", "grad_eager", "fused_eager")),
+)
 SIZES = (1000, 10**4, 10**5, 10**6)
 QUICK_SIZES = (1000,)
 
