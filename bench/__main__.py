@@ -13,7 +13,7 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from bench import accuracy, fit, fuse, kernels, sharding, studies, summary
+    from bench import accuracy, fit, fuse, kernels, sharding, studies, summary, workloads
 
     parser = argparse.ArgumentParser(
         prog="python -m bench",
@@ -26,7 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
     # each module has add_arguments(parser) and main(args); its docstring's first line is
     # the subcommand's help
     commands = {"studies": studies, "kernels": kernels, "fit": fit, "fuse": fuse,
-                "sharding": sharding, "summary": summary, "accuracy": accuracy}
+                "sharding": sharding, "summary": summary, "accuracy": accuracy,
+                "workloads": workloads}
     for name, module in commands.items():
         help_ = (module.__doc__ or name).strip().splitlines()[0].replace("``", "")
         p = sub.add_parser(name, help=help_, description=help_)

@@ -1,0 +1,490 @@
+"""Whole jobs side by side: fusedlp against statsmodels, glum and NumPyro's own likelihoods.
+
+Each workload is a job a user runs from start to finish (fit, then the inference that
+follows), timed as a whole against what the user would otherwise run, in one process:
+
+* **many GLMs** — B Poisson regressions of 500 observations x 4 coefficients, with standard
+  errors: ``jit(vmap(fit + standard_errors))`` against a Python loop over statsmodels' GLM
+  (IRLS) and over glum (timed on a subset of the fits and extrapolated per fit: its per-fit
+  overhead dominates, and the whole loop would take minutes);
+* **one big GLM** — a Poisson regression of 200,000 x 20 with covariates spanning 1e-2 to
+  1e3 in scale, + :func:`fusedlp.summary`: against statsmodels' GLM + standard errors and
+  glum + its covariance matrix;
+* **logit** (statsmodels' ``spector``) and **NB2** (``randhie``): fit + summary against
+  statsmodels' ``Logit`` / ``NegativeBinomial(loglike_method="nb2")``;
+* **EAM fit** — the README's EAM parameter fit: Newton against L-BFGS (steps and time);
+* **NUTS** — NumPyro NUTS on a Poisson and a logistic regression with N = 1e5: the model's
+  likelihood as NumPyro's own distribution against a fusedlp kernel in ``numpyro.factor``;
+  time per leapfrog step after warm-up, and the posterior means.
+
+fusedlp columns: **warm** is the median of repeated calls of the compiled job, **compile**
+the one-off ``jit(...).lower().compile()`` time, **cold** their sum (what a one-off fit
+pays). Ratios are baseline time / fusedlp time: above 1, fusedlp is faster. Estimates are
+compared with a statsmodels fit to a tight tolerance (untimed). Calls are timed round-robin
+as in every bench module (bench/_timing.py); JAX's asynchronous CPU dispatch is off.
+
+Run ``python -m bench workloads --help``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import time
+import warnings
+
+import jax
+import numpy as np
+
+from bench import _timing
+
+DEFAULT_JSON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                            "workloads.json")
+
+
+# ---------------------------------------------------------------------------- models
+
+
+def poisson_glm(params, X, k):
+    import fusedlp
+
+    return fusedlp.poisson_log_lpmf(k, X @ params["beta"])
+
+
+def logit_model(params, X, y):
+    import fusedlp
+
+    return fusedlp.bernoulli_logit_lpmf(y, X @ params["beta"])
+
+
+def nb2_model(params, X, k):
+    import jax.numpy as jnp
+
+    import fusedlp
+
+    return fusedlp.negative_binomial_lpmf(k, jnp.exp(X @ params["beta"]), 1.0 / params["alpha"])
+
+
+def _max_rel(got, want) -> float:
+    got, want = np.asarray(got, float), np.asarray(want, float)
+    return float(np.max(np.abs(got - want) / np.maximum(np.abs(want), 1e-300)))
+
+
+def _time(calls: dict, cfg: dict) -> dict:
+    return _timing.time_interleaved(calls, min_repeats=cfg["repeats"], min_total=0.0,
+                                    max_total=cfg["max_total"])
+
+
+def _row(name, fused_warm, compile_s, baselines, agreement, extra=None) -> dict:
+    """One workload's row: fusedlp's warm/compile/cold and each baseline's time + ratios."""
+    cold = fused_warm + compile_s
+    return {"workload": name, "fusedlp_warm_s": fused_warm, "fusedlp_compile_s": compile_s,
+            "fusedlp_cold_s": cold,
+            "baselines": {b: {"s": t, "ratio_warm": t / fused_warm, "ratio_cold": t / cold}
+                          for b, t in baselines.items()},
+            "agreement": agreement, **(extra or {})}
+
+
+# ------------------------------------------------------------------------ many GLMs
+
+
+def many_glms(cfg: dict, log) -> dict:
+    import jax.numpy as jnp
+    import statsmodels.api as sm
+    from glum import GeneralizedLinearRegressor
+
+    import fusedlp
+
+    B, n, p = cfg["many_B"], 500, 4
+    rng = np.random.default_rng(1)
+    X = np.concatenate([np.ones((B, n, 1)), rng.normal(size=(B, n, p - 1))], axis=2)
+    betas = rng.normal(0.0, 0.4, size=(B, p))
+    ks = rng.poisson(np.exp(np.einsum("bnp,bp->bn", X, betas))).astype(np.float64)
+    init = {"beta": jnp.zeros(p)}
+
+    def one(X, k):
+        res = fusedlp.fit(poisson_glm, init, X, k)
+        return res, fusedlp.standard_errors(poisson_glm, res.params, X, k)
+
+    job, lower_s, compile_s = _timing.aot_compile(jax.vmap(one), X, ks)
+    res, se = job(X, ks)
+    n_glum = cfg["glum_subset"]
+
+    def statsmodels_loop():
+        out = []
+        for b in range(B):
+            r = sm.GLM(ks[b], X[b], family=sm.families.Poisson()).fit()
+            out.append((r.params, r.bse))
+        return out
+
+    def glum_loop():
+        out = []
+        for b in range(n_glum):
+            m = GeneralizedLinearRegressor(family="poisson", alpha=0, fit_intercept=False)
+            m.fit(X[b], ks[b])
+            out.append((m.coef_, np.sqrt(np.diag(m.covariance_matrix(X[b], ks[b])))))
+        return out
+
+    ref = [sm.GLM(ks[b], X[b], family=sm.families.Poisson()).fit(tol=1e-13) for b in range(B)]
+    ref_params = np.stack([r.params for r in ref])
+    ref_bse = np.stack([r.bse for r in ref])
+    stats = _time({"fusedlp": functools.partial(job, X, ks), "statsmodels": statsmodels_loop,
+                   "glum_subset": glum_loop}, cfg)
+    glum_params = np.stack([c for c, _ in glum_loop()])
+    glum_per_fit = stats["glum_subset"].median / n_glum
+    warm = stats["fusedlp"].median
+    log(f"  many GLMs: fusedlp {warm:.3f} s, statsmodels {stats['statsmodels'].median:.2f} s")
+    return _row(
+        f"{B:,} Poisson GLMs x {n} obs x {p} coef + SEs", warm, lower_s + compile_s,
+        {"statsmodels": stats["statsmodels"].median, "glum (extrapolated)": glum_per_fit * B},
+        {"converged": int(np.sum(np.asarray(res.converged))), "of": B,
+         "params_max_rel_vs_statsmodels": _max_rel(res.params["beta"], ref_params),
+         "se_max_rel_vs_statsmodels": _max_rel(se["beta"], ref_bse),
+         "glum_params_max_rel_vs_statsmodels": _max_rel(glum_params, ref_params[:n_glum]),
+         "newton_steps_median": float(np.median(np.asarray(res.num_steps)))},
+        {"glum_subset": n_glum, "timing": {k: v.as_dict() for k, v in stats.items()}})
+
+
+# ------------------------------------------------------------------------- big GLM
+
+
+def big_glm(cfg: dict, log) -> dict:
+    import jax.numpy as jnp
+    import statsmodels.api as sm
+    from glum import GeneralizedLinearRegressor
+
+    import fusedlp
+
+    n, p = cfg["big_n"], 20
+    rng = np.random.default_rng(2)
+    scales = np.logspace(-2, 3, p - 1)
+    X = np.column_stack([np.ones(n), rng.normal(size=(n, p - 1)) * scales])
+    beta = np.r_[0.5, rng.normal(0.0, 0.15, size=p - 1) / scales]
+    k = rng.poisson(np.exp(X @ beta)).astype(np.float64)
+    init = {"beta": jnp.zeros(p)}
+
+    def job_fn(X, k):
+        res = fusedlp.fit(poisson_glm, init, X, k)
+        return res, fusedlp.summary(poisson_glm, res, X, k, nobs=n)
+
+    job, lower_s, compile_s = _timing.aot_compile(job_fn, X, k)
+    res, s = job(X, k)
+
+    def statsmodels_job():
+        r = sm.GLM(k, X, family=sm.families.Poisson()).fit()
+        return r.params, r.bse, r.llf
+
+    def glum_job():
+        m = GeneralizedLinearRegressor(family="poisson", alpha=0, fit_intercept=False)
+        m.fit(X, k)
+        return m.coef_, np.sqrt(np.diag(m.covariance_matrix(X, k)))
+
+    ref = sm.GLM(k, X, family=sm.families.Poisson()).fit(tol=1e-13)
+    sm_default = sm.GLM(k, X, family=sm.families.Poisson()).fit()
+    glum_coef, _ = glum_job()
+    stats = _time({"fusedlp": functools.partial(job, X, k), "statsmodels": statsmodels_job,
+                   "glum": glum_job}, cfg)
+    warm = stats["fusedlp"].median
+    log(f"  big GLM: fusedlp {warm:.3f} s ({int(res.num_steps)} steps), statsmodels "
+        f"{stats['statsmodels'].median:.2f} s, glum {stats['glum'].median:.2f} s")
+    lbfgs = fusedlp.fit(poisson_glm, init, X, k, optimizer="lbfgs")
+    return _row(
+        f"Poisson GLM {n:,} x {p}, scales 1e-2..1e3, + summary", warm, lower_s + compile_s,
+        {"statsmodels": stats["statsmodels"].median, "glum": stats["glum"].median},
+        {"status": fusedlp.FitStatus(int(res.status)).name, "newton_steps": int(res.num_steps),
+         "params_max_rel_vs_statsmodels": _max_rel(res.params["beta"], ref.params),
+         "se_max_rel_vs_statsmodels": _max_rel(s.se["beta"], ref.bse),
+         "statsmodels_default_tol_params_max_rel": _max_rel(sm_default.params, ref.params),
+         "glum_params_max_rel_vs_statsmodels": _max_rel(glum_coef, ref.params),
+         "lbfgs_status": fusedlp.FitStatus(int(lbfgs.status)).name,
+         "lbfgs_steps": int(lbfgs.num_steps),
+         "lbfgs_params_max_rel_vs_statsmodels": _max_rel(lbfgs.params["beta"], ref.params)},
+        {"timing": {k: v.as_dict() for k, v in stats.items()}})
+
+
+# ----------------------------------------------------------------- logit and NB2
+
+
+def statsmodels_models(cfg: dict, log) -> list[dict]:
+    import jax.numpy as jnp
+    import statsmodels.api as sm
+    from statsmodels.discrete.discrete_model import NegativeBinomial
+
+    import fusedlp
+
+    rows = []
+    spector = sm.datasets.spector.load()
+    Xs = sm.add_constant(spector.exog, prepend=True).to_numpy(np.float64)
+    ys = spector.endog.to_numpy(np.float64)
+    rand = sm.datasets.randhie.load()
+    Xr = sm.add_constant(rand.exog, prepend=True).to_numpy(np.float64)
+    kr = rand.endog.to_numpy(np.float64)
+    cases = [
+        ("logit, spector (32 x 4)", logit_model, {"beta": jnp.zeros(Xs.shape[1])}, (Xs, ys),
+         lambda: sm.Logit(ys, Xs).fit(disp=0),
+         lambda: sm.Logit(ys, Xs).fit(method="newton", tol=1e-14, disp=0), lambda d: d),
+        ("NB2, randhie (20,190 x 10)", nb2_model,
+         {"beta": jnp.zeros(Xr.shape[1]), "alpha": jnp.ones(())}, (Xr, kr),
+         lambda: NegativeBinomial(kr, Xr, loglike_method="nb2").fit(disp=0, maxiter=500),
+         None, lambda d: np.r_[d[1:], d[0]]),  # fusedlp orders alpha first
+    ]
+    for name, model, init, data, sm_fit, sm_tight, order in cases:
+        def job_fn(*data, model=model, init=init):
+            res = fusedlp.fit(model, init, *data)
+            return res, fusedlp.summary(model, res, *data, nobs=data[0].shape[0])
+
+        job, lower_s, compile_s = _timing.aot_compile(job_fn, *data)
+        res, s = job(*data)
+
+        def statsmodels_job(sm_fit=sm_fit):
+            r = sm_fit()
+            return r.params, r.bse, r.conf_int()
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            first = sm_fit()
+            ref = (sm_tight() if sm_tight else
+                   NegativeBinomial(kr, Xr, loglike_method="nb2").fit(
+                       start_params=first.params, method="newton", tol=1e-14, maxiter=100,
+                       disp=0))
+            stats = _time({"fusedlp": functools.partial(job, *data),
+                           "statsmodels": statsmodels_job}, cfg)
+        d = s.to_dict()
+        warm = stats["fusedlp"].median
+        log(f"  {name}: fusedlp {warm * 1e3:.1f} ms, statsmodels "
+            f"{stats['statsmodels'].median * 1e3:.1f} ms")
+        rows.append(_row(
+            name + " + summary", warm, lower_s + compile_s,
+            {"statsmodels": stats["statsmodels"].median},
+            {"status": fusedlp.FitStatus(int(res.status)).name,
+             "newton_steps": int(res.num_steps),
+             "params_max_rel_vs_statsmodels": _max_rel(order(d["coef"]), ref.params),
+             "se_max_rel_vs_statsmodels": _max_rel(order(d["std_err"]), ref.bse),
+             "loglik_rel_diff": abs(d["loglik"] - ref.llf) / abs(ref.llf),
+             "statsmodels_default_params_max_rel": _max_rel(first.params, ref.params)},
+            {"timing": {k: v.as_dict() for k, v in stats.items()}}))
+    return rows
+
+
+# ------------------------------------------------------------------------- EAM fit
+
+
+def eam_fit(cfg: dict, log) -> dict:
+    """The README's EAM fit: density (A, beta) and the embedding's c3, c4 from energies."""
+    import jax.numpy as jnp
+
+    import fusedlp
+
+    rng = np.random.default_rng(0)
+    r = rng.uniform(0.5, 2.5, size=(12, 4, 8))
+
+    def energies(theta, r):
+        density = (jnp.exp(theta["log_A"]), jnp.exp(theta["log_beta"]))
+        embedding = jnp.stack([0.0, 1.0, theta["c3"], theta["c4"]])
+        return jax.vmap(lambda rc: fusedlp.eam_energy(rc, density=density,
+                                                      embedding=embedding))(r)
+
+    truth = {"log_A": np.log(0.8), "log_beta": np.log(1.5), "c3": 1.0, "c4": 0.25}
+    e_ref = energies(truth, r)
+
+    def squared_error(theta, r, e_ref):
+        return jnp.sum((energies(theta, r) - e_ref) ** 2)
+
+    start = {k: jnp.asarray(v, jnp.float64)
+             for k, v in {"log_A": 0.0, "log_beta": 0.0, "c3": 0.5, "c4": 0.5}.items()}
+    out, calls = {}, {}
+    for opt in ("newton", "lbfgs"):
+        fn = functools.partial(fusedlp.fit, squared_error, optimizer=opt, maximize=False)
+        job, lower_s, compile_s = _timing.aot_compile(fn, start, r, e_ref)
+        res = job(start, r, e_ref)
+        err = max(abs(float(res.params[k]) - float(v)) for k, v in truth.items())
+        out[opt] = {"status": fusedlp.FitStatus(int(res.status)).name,
+                    "steps": int(res.num_steps), "compile_s": lower_s + compile_s,
+                    "max_abs_error_vs_truth": err}
+        calls[opt] = functools.partial(job, start, r, e_ref)
+    stats = _time(calls, cfg)
+    for opt in out:
+        out[opt]["warm_s"] = stats[opt].median
+    log(f"  EAM: newton {out['newton']['steps']} steps {stats['newton'].median * 1e3:.2f} ms, "
+        f"lbfgs {out['lbfgs']['steps']} steps {stats['lbfgs'].median * 1e3:.2f} ms")
+    return _row("EAM fit (README), Newton vs L-BFGS", out["newton"]["warm_s"],
+                out["newton"]["compile_s"], {"fusedlp L-BFGS": out["lbfgs"]["warm_s"]},
+                {"newton": out["newton"], "lbfgs": out["lbfgs"]},
+                {"lbfgs_compile_s": out["lbfgs"]["compile_s"]})
+
+
+# ---------------------------------------------------------------------------- NUTS
+
+
+def nuts(cfg: dict, log) -> list[dict]:
+    import jax.numpy as jnp
+    import numpyro
+    import numpyro.distributions as dist
+    from numpyro.infer import MCMC, NUTS
+
+    import fusedlp
+
+    n, p = cfg["nuts_n"], 5
+    rng = np.random.default_rng(3)
+    X = np.column_stack([np.ones(n), rng.normal(size=(n, p - 1))])
+    beta = rng.normal(0.0, 0.3, size=p)
+    eta = X @ beta
+    data = {"poisson": rng.poisson(np.exp(eta)).astype(np.float64),
+            "logistic": (rng.uniform(size=n) < 1 / (1 + np.exp(-eta))).astype(np.float64)}
+
+    def model(X, y, family, fused):
+        b = numpyro.sample("beta", dist.Normal(0.0, 5.0).expand([p]).to_event(1))
+        eta = X @ b
+        if fused:
+            ll = (fusedlp.poisson_log_lpmf(y, eta) if family == "poisson"
+                  else fusedlp.bernoulli_logit_lpmf(y, eta))
+            numpyro.factor("loglik", ll)
+        elif family == "poisson":
+            numpyro.sample("y", dist.Poisson(jnp.exp(eta)), obs=y)
+        else:
+            numpyro.sample("y", dist.BernoulliLogits(eta), obs=y)
+
+    rows = []
+    for family, y in data.items():
+        res = {}
+        for fused in (False, True):
+            mcmc = MCMC(NUTS(functools.partial(model, family=family, fused=fused)),
+                        num_warmup=cfg["nuts_warmup"], num_samples=cfg["nuts_samples"],
+                        progress_bar=False)
+            t0 = time.perf_counter()
+            mcmc.warmup(jax.random.key(0), X, y)
+            warmup_s = time.perf_counter() - t0
+            runs = []
+            for _ in range(2):  # the first run compiles the sampling phase
+                mcmc.post_warmup_state = mcmc.last_state
+                t0 = time.perf_counter()
+                mcmc.run(mcmc.post_warmup_state.rng_key, X, y, extra_fields=("num_steps",))
+                jax.block_until_ready(mcmc.get_samples())
+                runs.append(time.perf_counter() - t0)
+            steps = int(np.sum(mcmc.get_extra_fields()["num_steps"]))
+            draws = np.asarray(mcmc.get_samples()["beta"])
+            res["fusedlp" if fused else "numpyro"] = {
+                "warmup_s_incl_compile": warmup_s, "sampling_s": runs[-1],
+                "leapfrog_steps": steps, "s_per_leapfrog": runs[-1] / steps,
+                "posterior_mean": draws.mean(0).tolist(), "posterior_sd": draws.std(0).tolist()}
+        a, b = res["numpyro"], res["fusedlp"]
+        z = np.abs(np.subtract(a["posterior_mean"], b["posterior_mean"])) / np.asarray(
+            a["posterior_sd"])
+        log(f"  NUTS {family}: numpyro {a['s_per_leapfrog'] * 1e6:.0f} us/leapfrog, fusedlp "
+            f"{b['s_per_leapfrog'] * 1e6:.0f} us/leapfrog")
+        rows.append(_row(
+            f"NUTS {family} regression, N = {n:,}: per leapfrog step", b["s_per_leapfrog"], 0.0,
+            {"NumPyro's own likelihood": a["s_per_leapfrog"]},
+            {"max_posterior_mean_diff_in_sd": float(z.max())}, {"nuts": res}))
+    return rows
+
+
+# ------------------------------------------------------------------------- report
+
+
+def evaluate_targets(rows: list[dict]) -> list[dict]:
+    targets = []
+    many, big = rows[0], rows[1]
+    for row, warm_t, cold_t, label in ((many, 15.0, 1.5, "2,000 GLMs"),
+                                       (big, 5.0, 1.0, "big GLM")):
+        b = row["baselines"]["statsmodels"]
+        targets.append({"target": f"{label}: >= {warm_t:g}x statsmodels warm",
+                        "met": b["ratio_warm"] >= warm_t, "measured": b["ratio_warm"],
+                        "detail": f"{b['s']:.3g} s vs {row['fusedlp_warm_s']:.3g} s: "
+                                  f"{b['ratio_warm']:.3g}x"})
+        targets.append({"target": f"{label}: >= {cold_t:g}x statsmodels cold",
+                        "met": b["ratio_cold"] >= cold_t, "measured": b["ratio_cold"],
+                        "detail": f"{b['s']:.3g} s vs {row['fusedlp_cold_s']:.3g} s "
+                                  f"(compile {row['fusedlp_compile_s']:.3g} s): "
+                                  f"{b['ratio_cold']:.3g}x"})
+    x = big["agreement"]["params_max_rel_vs_statsmodels"]
+    targets.append({"target": "big GLM: estimates equal statsmodels' to 1e-6",
+                    "met": x <= 1e-6, "measured": x, "detail": f"max rel diff {x:.2g}"})
+    return targets
+
+
+def table(rows: list[dict]) -> str:
+    head = ["workload", "fusedlp warm", "compile", "fusedlp cold", "baseline", "baseline",
+            "ratio warm", "ratio cold"]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * 3 + "---|" + "---:|" * 3]
+    for r in rows:
+        for i, (name, b) in enumerate(r["baselines"].items()):
+            first = i == 0
+            lines.append("| " + " | ".join([
+                r["workload"] if first else "",
+                _fmt_s(r["fusedlp_warm_s"]) if first else "",
+                _fmt_s(r["fusedlp_compile_s"]) if first and r["fusedlp_compile_s"] else "",
+                _fmt_s(r["fusedlp_cold_s"]) if first and r["fusedlp_compile_s"] else "",
+                name, _fmt_s(b["s"]), _timing.fmt_ratio(b["ratio_warm"]),
+                _timing.fmt_ratio(b["ratio_cold"]) if r["fusedlp_compile_s"] else ""]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _fmt_s(s: float) -> str:
+    if s >= 1:
+        return f"{_timing.fmt_sig(s)} s"
+    if s >= 1e-3:
+        return f"{_timing.fmt_sig(s * 1e3)} ms"
+    return f"{_timing.fmt_sig(s * 1e6)} µs"
+
+
+def agreement_md(rows: list[dict]) -> str:
+    lines = ["| workload | agreement |", "|---|---|"]
+    for r in rows:
+        a = ", ".join(f"{k} = {_fmt_val(v)}" for k, v in r["agreement"].items())
+        lines.append(f"| {r['workload']} | {a} |")
+    return "\n".join(lines) + "\n"
+
+
+def _fmt_val(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}: {_fmt_val(x)}" for k, x in v.items()) + "}"
+    return str(v)
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--quick", action="store_true",
+                   help="small sizes and one timed repeat (a smoke run, well under a minute)")
+    p.add_argument("--json", default=DEFAULT_JSON, metavar="PATH",
+                   help="where to write the JSON results (default: bench/results/workloads.json)")
+    p.add_argument("--skip-nuts", action="store_true", help="leave out the NumPyro workloads")
+
+
+def run(quick: bool, skip_nuts: bool = False, log=None) -> dict:
+    """Every workload; returns the rows, targets and machine record (the notebook's entry)."""
+    log = log or functools.partial(print, file=sys.stderr, flush=True)
+    jax.config.update("jax_enable_x64", True)
+    jax.config.update("jax_cpu_enable_async_dispatch", False)
+    cfg = {"quick": quick, "repeats": 1 if quick else 5, "max_total": 1.0 if quick else 20.0,
+           "many_B": 100 if quick else 2000, "glum_subset": 10 if quick else 100,
+           "big_n": 20_000 if quick else 200_000, "nuts_n": 2_000 if quick else 100_000,
+           "nuts_warmup": 50 if quick else 300, "nuts_samples": 50 if quick else 300}
+    machine = _timing.machine_info()
+    t0 = time.perf_counter()
+    rows = [many_glms(cfg, log), big_glm(cfg, log), *statsmodels_models(cfg, log),
+            eam_fit(cfg, log)]
+    if not skip_nuts:
+        rows += nuts(cfg, log)
+    return {"benchmark": "fusedlp workloads", "machine": machine, "config": cfg, "rows": rows,
+            "targets": evaluate_targets(rows), "wall_s": time.perf_counter() - t0}
+
+
+def main(args) -> int:
+    doc = run(bool(args.quick), bool(args.skip_nuts))
+    m = doc["machine"]
+    print("## fusedlp workloads\n")
+    print(f"{m['date']}: {m['cpu_model']}, {m['cpu_count']} cores ({m['platform']}); jax "
+          f"{m['jax']} ({m['backend']}). Wall time {doc['wall_s']:.0f} s"
+          + (" (quick: small sizes)" if doc["config"]["quick"] else "") + ".\n")
+    print("Ratios: baseline time / fusedlp time (above 1: fusedlp is faster). cold = warm + "
+          "compile.\n")
+    print(table(doc["rows"]))
+    print(agreement_md(doc["rows"]))
+    print(_timing.targets_md(doc["targets"]))
+    if args.json:
+        wall = doc.pop("wall_s")
+        _timing.write_json(args.json, doc, wall)
+    return 0
