@@ -7,9 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from fusedlp import _checks
+from fusedlp import _checks, _special
 from fusedlp._fuse import fuse
-from fusedlp.poisson import _log_factorial
 
 # With p = sigmoid(eta):  log p = -softplus(-eta),  log(1 - p) = -softplus(eta), and
 #
@@ -29,9 +28,10 @@ from fusedlp.poisson import _log_factorial
 # fuse forms d/deta by forward mode in the same pass. (|eta| +- eta)/2 rather than
 # max(+-eta, 0): at eta = 0 the jvp of |eta| is sign(0) = 0, so the derivative of the first
 # is 1/2 and d/deta is exactly sigmoid(0) = 1/2 short of y; JAX's jvp of max at a tie gave 0
-# (a test caught it). log C(n, k) =
-# log n! - log k! - log (n - k)! does not depend on eta: `normalized=False` drops it. y, k and
-# n are data: zero cotangent (none when integer).
+# (a test caught it). The normalized binomial at 0 < k < n is summed in Loader's form instead
+# (see _log_binomial_interior): log C(n, k) cancels against the rest at large n. log C(n, k)
+# does not depend on eta: `normalized=False` drops it. y, k and n are data: zero cotangent
+# (none when integer).
 #
 # Edges: y not in {0, 1}, k not an integer in [0, n]: outside the support, -inf with a zero
 # partial. n < 0, non-integer or infinite n (scipy: an invalid parameter), a non-finite
@@ -50,14 +50,38 @@ def _binomial_logit_element(k, n, logit, *, normalized=True):
     nok = (n >= 0) & (n == jnp.floor(n)) & (n < jnp.inf)
     kok = (k >= 0) & (k <= n) & (k == jnp.floor(k))
     nn = jnp.where(nok, n, 0.0)
-    kk = jnp.where(kok, k, 0.0)  # keep log k! and log (n - k)! finite off the support
-    a = jnp.abs(logit)
-    el = jnp.log1p(jnp.exp(-a))
-    lp = -(kk * (0.5 * (a - logit)) + (nn - kk) * (0.5 * (a + logit)) + nn * el)
-    if normalized:
-        lp = lp + (_log_factorial(nn) - _log_factorial(kk) - _log_factorial(nn - kk))
+    kk = jnp.where(kok, k, 0.0)  # keeps the series finite off the support
     ok = nok & jnp.isfinite(logit) & ~jnp.isnan(k)
+    eta = jnp.where(ok, logit, 0.0)
+    a = jnp.abs(eta)
+    el = jnp.log1p(jnp.exp(-a))
+    lp = -(kk * (0.5 * (a - eta)) + (nn - kk) * (0.5 * (a + eta)) + nn * el)
+    if normalized:
+        lp = jnp.where((kk == 0) | (kk == nn), lp, _log_binomial_interior(kk, nn, eta, a, el))
     return jnp.where(ok, jnp.where(kok, lp, -jnp.inf), jnp.nan)
+
+
+def _log_binomial_interior(k, n, eta, abs_eta, el):
+    """log Binomial(k | n, sigmoid(eta)) for 0 < k < n, by Loader's form (R's dbinom_raw):
+
+        stirlerr(n) - stirlerr(k) - stirlerr(n - k) - bd0(k, n p) - bd0(n - k, n q)
+        - log(2 pi k (n - k) / n) / 2
+
+    without the cancellation of log C(n, k) against k log p + (n - k) log q at large n.
+    log p = -softplus(-eta) and log q = -softplus(eta) go to bd0 too: n p underflows at
+    eta = -1e4 where its logarithm does not.
+    """
+    inner = (k > 0) & (k < n)
+    k = jnp.where(inner, k, 1.0)
+    n = jnp.where(inner, n, 2.0)
+    log_p = -(0.5 * (abs_eta - eta) + el)
+    log_q = -(0.5 * (abs_eta + eta) + el)
+    log_n = jnp.log(n)
+    m = n - k
+    return (_special.stirlerr_int(n) - _special.stirlerr_int(k) - _special.stirlerr_int(m)
+            - _special.bd0(k, n * jnp.exp(log_p), log_m=log_n + log_p)
+            - _special.bd0(m, n * jnp.exp(log_q), log_m=log_n + log_q)
+            - _special.HALF_LOG_2PI - 0.5 * (jnp.log(k) + jnp.log1p(-k / n)))
 
 
 _bernoulli_logit = fuse(_bernoulli_logit_element, data=("y",), name="bernoulli_logit_lpmf")

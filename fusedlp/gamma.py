@@ -8,7 +8,7 @@ import jax.scipy.special as jsp
 import numpy as np
 from jax.typing import ArrayLike
 
-from fusedlp import _checks
+from fusedlp import _checks, _special
 from fusedlp._fuse import fuse
 
 # One element, shape alpha, rate beta:
@@ -46,6 +46,15 @@ def _gamma_element(x, shape, rate):
     log_rate, log_shape = jnp.log(rate), jnp.log(shape)
     lp = shape * log_rate - jsp.gammaln(shape) + a1 * log_x - rate * x + at_zero
     lp = jnp.minimum(lp, (2.0 * (x >= 0) - 1.0) * jnp.inf)  # x < 0: -inf (NaN stays NaN)
+    # Above shape 2, R's dgamma: log(rate) + log Poisson(shape - 1 | rate x) in Loader's
+    # form (fusedlp._special), free of the cancellation of shape log(rate) - lgamma(shape)
+    # + (shape - 1) log x - rate x, which keeps 4 digits at shape = 1e14.
+    big = (shape > 2.0) & inside
+    a = jnp.where(big, a1, 1.0)
+    xb = jnp.where(big, x, 1.0)
+    lp_big = (log_rate - _special.stirlerr(a) - _special.HALF_LOG_2PI - 0.5 * jnp.log(a)
+              - _special.bd0(a, rate * xb, log_m=log_rate + jnp.log(xb)))
+    lp = jnp.where(big, lp_big, lp)
     # The parameter verdict: log(p) - log(p) is 0 for a finite p > 0 and NaN for p <= 0,
     # p = inf or NaN (log gives NaN, -inf or +inf there), and log(rate) is the value's own.
     verdict = (log_rate - log_rate) + (log_shape - log_shape)

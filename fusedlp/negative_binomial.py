@@ -8,9 +8,8 @@ import jax.scipy.special as jsp
 import numpy as np
 from jax.typing import ArrayLike
 
-from fusedlp import _checks
+from fusedlp import _checks, _special
 from fusedlp._fuse import fuse
-from fusedlp.poisson import _log_factorial
 
 # The over-dispersed count model (Stan's neg_binomial_2): mean mu, concentration phi,
 # variance mu + mu^2 / phi; scipy's nbinom(n = phi, p = phi / (mu + phi)). One element:
@@ -20,13 +19,22 @@ from fusedlp.poisson import _log_factorial
 #   d/dmu  = k / mu - (k + phi) / (mu + phi)
 #   d/dphi = digamma(k + phi) - digamma(phi) - log1p(mu / phi) + (mu - k) / (mu + phi)
 #
-# (phi log(phi / (mu + phi)) is written -phi log1p(mu / phi): no cancellation in that term
-# for mu << phi, where the model tends to Poisson. lgamma(k + phi) - lgamma(phi) does cancel
-# at large phi, as in scipy's nbinom.logpmf: relative error about 5e-11 at phi = 1e5 and
-# 1e-9 at 1e7 for small k in float64. Near the Poisson limit, use poisson_lpmf.) log k!
-# does not depend on the parameters: it appears in no partial and `normalized=False` drops
-# it; it is the same table-and-Stirling log k! as poisson_lpmf (exact for small k in
-# float32). k is data: zero cotangent (none for integer k).
+# The value is summed in Loader's form (R's dnbinom_mu, which evaluates NB(k | mu, phi) as
+# phi / (phi + k) times a binomial probability at size phi + k; fusedlp._special):
+#
+#   k = 0:  -phi log1p(mu / phi)  [= -mu - phi log1pmx(mu / phi) for mu < phi]
+#   k > 0:  -log1p(k / phi) / 2 + stirlerr(phi + k) - stirlerr(phi) - stirlerr(k)
+#           - log(2 pi k) / 2 - bd0(phi, (phi + k) p) - bd0(k, (phi + k) q),
+#           p = phi / (phi + mu), q = mu / (phi + mu)
+#
+# Every piece is small and of one sign, so nothing cancels: lgamma(k + phi) - lgamma(phi)
+# in the plain form loses all digits by phi = 1e16. The differences bd0 needs,
+# phi - (phi + k) p = (mu - k) p and k - (phi + k) q = (k - mu) p,
+# are passed in that form, so the forward-mode partials of the series are accurate too
+# (d/dphi is O(1/phi^2) at large phi, a difference of O(1/phi) terms in the plain form).
+# As phi -> inf the pieces tend to Poisson's, -stirlerr(k) - log(2 pi k)/2 - bd0(k, mu),
+# continuously. log k! does not depend on the parameters: `normalized=False` adds it back
+# (the same partials), as lgamma(k + 1). k is data: zero cotangent (none for integer k).
 # fuse forms the partials by forward mode in one pass with the value.
 #
 # Edges: k < 0, non-integer or infinite k is outside the support (-inf, zero partials).
@@ -35,16 +43,37 @@ from fusedlp.poisson import _log_factorial
 # by fuse's edge rule a zero gradient (poisson_lpmf's hand rule reports +inf there).
 
 
+def _log_nb(k, mu, phi):
+    """log NB(k | mu, phi) for a count k >= 0 and valid mu >= 0, phi > 0 (Loader's form)."""
+    u = mu / phi
+    small_u = u < 1.0
+    us = jnp.where(small_u, u, 0.0)
+    ul = jnp.where(small_u, 1.0, u)
+    at_zero = jnp.where(small_u, -mu - phi * _special.log1pmx(us), -phi * jnp.log1p(ul))
+    kp = jnp.where(k > 0, k, 1.0)
+    # p = phi / (phi + mu), q = mu / (phi + mu) and bd0's arguments, each written so that
+    # its derivatives are sums of like-signed terms: (phi + k) q, say, has d/dphi of size
+    # 1/phi^2 but its product rule subtracts two terms of size 1/phi.
+    p = 1.0 / (1.0 + u)
+    q = 1.0 / (1.0 + 1.0 / u)
+    n = phi + kp
+    lp = (-0.5 * jnp.log1p(kp / phi) + _special.stirlerr(n) - _special.stirlerr(phi)
+          - _special.stirlerr_int(kp) - _special.HALF_LOG_2PI - 0.5 * jnp.log(kp)
+          - _special.bd0(phi, n * p, diff=(mu - kp) * p)
+          - _special.bd0(kp, mu * p + kp * q, diff=(kp - mu) * p))
+    return jnp.where(k > 0, lp, at_zero)
+
+
 def _negative_binomial_element(k, mean, concentration, *, normalized=True):
     kok = (k >= 0) & (k == jnp.floor(k)) & (k < jnp.inf)
-    kk = jnp.where(kok, k, 0.0)  # keeps lgamma and log k! finite off the support
-    mu, phi = mean, concentration
-    klogmu = jnp.where(kk == 0, 0.0, kk * jnp.log(mu))  # 0 log 0 = 0 at mu = 0
-    lp = (jsp.gammaln(kk + phi) - jsp.gammaln(phi) + klogmu - kk * jnp.log(mu + phi)
-          - phi * jnp.log1p(mu / phi))
-    if normalized:
-        lp = lp - _log_factorial(kk)
-    ok = (mu >= 0) & (mu < jnp.inf) & (phi > 0) & (phi < jnp.inf) & ~jnp.isnan(k)
+    kk = jnp.where(kok, k, 0.0)  # keeps the series finite off the support
+    ok = ((mean >= 0) & (mean < jnp.inf) & (concentration > 0) & (concentration < jnp.inf)
+          & ~jnp.isnan(k))
+    mu = jnp.where(ok, mean, 1.0)
+    phi = jnp.where(ok, concentration, 1.0)
+    lp = _log_nb(kk, mu, phi)
+    if not normalized:
+        lp = lp + jsp.gammaln(kk + 1.0)
     return jnp.where(ok, jnp.where(kok, lp, -jnp.inf), jnp.nan)
 
 

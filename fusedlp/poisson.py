@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from functools import partial
 
 import jax
@@ -10,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from fusedlp import _checks
+from fusedlp import _checks, _special
 from fusedlp._vjp import scaled, sum_to_shape
 
 # Derivation (one element; the kernels sum over elements):
@@ -20,90 +19,55 @@ from fusedlp._vjp import scaled, sum_to_shape
 #   log-rate form:  log P(k | eta) = k eta - exp(eta) - log k!,   lam = exp(eta)
 #                   d/deta = k - exp(eta)                (exp(eta) shared with the value)
 #
-# log k! does not depend on the parameters, so it appears in no partial: `normalized=False`
-# drops it (it is most of the cost) and the gradient is unchanged. k is data: it receives a
+# The normalized value is summed in Loader's form, -stirlerr(k) - log(2 pi k)/2 - bd0(k, lam)
+# (fusedlp._special): the same number without the cancellation of k log(lam) - lam - log k!
+# at large counts. log k! does not depend on the parameters, so it appears in no partial:
+# `normalized=False` drops it and the gradient is unchanged. k is data: it receives a
 # zero cotangent (integer k receives none at all).
 #
 # Edges, elementwise: k < 0, non-integer or infinite k is outside the support: -inf with a
 # zero partial. lam < 0, lam = inf, eta = +inf or NaN anywhere: NaN. lam = 0 (eta = -inf)
 # is the boundary: k = 0 gives exactly 0 with d/dlam = -1; k > 0 gives -inf, d/dlam = +inf.
 
-_TABLE_SIZE = 32
-# log k! for k < 32, correctly rounded from float64: float32 lgamma(k + 1) is off by a few
-# ulp even at k = 0 (lgamma(1) = 2**-21 there, not 0).
-_LOG_FACTORIAL = np.array([math.lgamma(k + 1.0) for k in range(_TABLE_SIZE)])
-_HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
-# Up to this many counts log k! takes the full formula directly: the lax.cond costs 1-3 us,
-# more than Stirling's series for so few elements (measured at N = 10 and 100: 0.6-2.8 us
-# saved; at 10^3 the cond saved 17 us).
+# Up to this many counts the normalized value takes the full form directly: the lax.cond
+# in _by_stirlerr costs more than the series it would skip for so few elements.
 _SMALL = 128
 
 
-def _lookup(table: jax.Array, idx: jax.Array) -> jax.Array:
-    """``table[idx]`` for in-range ``idx``, shaped and sharded like ``idx``.
+def _by_stirlerr(normalized: bool, k: jax.Array, pass_fn):
+    """``pass_fn(stirlerr)``: a kernel's summed value, given how to form stirlerr(k).
 
-    Under a mesh with Explicit axes (``jax.make_mesh``'s default) a gather from a replicated
-    table with sharded indices has no unambiguous output sharding and jax refuses to trace
-    it; there the indices' sharding is named. Elsewhere (one device, Auto axes, one device's
-    block in fuse's shard_map) the spec carries no mesh axis and this is the plain
-    ``jnp.take``.
-    """
-    sharding = getattr(jax.typeof(idx), "sharding", None) if hasattr(jax, "typeof") else None
-    if sharding is not None and any(axis is not None for axis in sharding.spec):
-        return table.at[idx].get(mode="promise_in_bounds", out_sharding=sharding)
-    return jnp.take(table, idx)
-
-
-def _log_factorial(k: jax.Array) -> jax.Array:
-    """log k! for non-negative integer-valued float k.
-
-    Below 32 an exact table; from 32 on Stirling's series for log Gamma(n), n = k + 1,
-
-        (n - 1/2) log n - n + log(2 pi)/2 + 1/(12 n) - 1/(360 n^3) + 1/(1260 n^5) - 1/(1680 n^7)
-
-    whose first omitted term, 1/(1188 n^9) < 2e-17, is below float64 rounding. One log and
-    one division per element: about 5x cheaper than XLA's lgamma here, and more accurate
-    (float32 relative error 1.5e-7 against lgamma's 4.8e-7 over k < 5000).
-    """
-    small = _table_log_factorial(k)
-    n = jnp.maximum(k, _TABLE_SIZE) + 1.0
-    r = 1.0 / n
-    r2 = r * r
-    series = r * (1 / 12 - r2 * (1 / 360 - r2 * (1 / 1260 - r2 * (1 / 1680))))
-    large = (n - 0.5) * jnp.log(n) - n + _HALF_LOG_2PI + series
-    return jnp.where(k < _TABLE_SIZE, small, large)
-
-
-def _table_log_factorial(k: jax.Array) -> jax.Array:
-    """log k! from the table, for k < 32 (larger k read the last entry)."""
-    table = jnp.asarray(_LOG_FACTORIAL, dtype=k.dtype)
-    return _lookup(table, jnp.clip(k, 0, _TABLE_SIZE - 1).astype(jnp.int32))
-
-
-def _by_log_factorial(normalized: bool, k: jax.Array, pass_fn):
-    """``pass_fn(log_factorial)``: a kernel's summed value, given how to form log k!.
-
-    Count data are mostly small: when every k is below 32 (one max over k) the table alone
-    is the exact log k!, and the log and the division of Stirling's series, computed for
-    every element and then selected away, are most of the cost. So a normalized kernel's
-    summed value is the branch of one lax.cond on that max: the table or the full formula.
-    Making only log k! conditional, as before, wrote the N-array of log k! (and the clipped
-    counts it was formed from) out of the cond: at N = 10^6 the log-rate value took 2.7 ms
-    that way against 2.1 ms, value-and-gradient 4.1 against 3.3 ms. The partial stays out
-    of the branch: XLA does not drop a cond's unused output, so with the partial inside,
-    jax.grad alone paid for the value too (2-7x autodiff's time from N = 10^2 in the rate
-    form; the value-and-gradient was 2.9 ms). (``pass_fn(None)`` when ``normalized`` is
-    False: no log k!.) A k off the support (k < 0, non-integer, inf, NaN) can only send the
-    max to the full formula, which is exact for every count. Under vmap the cond becomes a
-    select of both: the same values, slower.
+    A normalized value is Loader's form (see `_normalized_terms`). Count data are mostly
+    small: when every k is below the table's 16 entries (one max over k) the table alone is
+    stirlerr, and the series, computed for every element and then selected away, can be
+    skipped. So the summed value is the branch of one lax.cond on that max. The partial
+    stays out of the branch: XLA does not drop a cond's unused output, so ``jax.grad``
+    alone would pay for the value. (``pass_fn(None)`` when ``normalized`` is False: no
+    log k!.) A k off the support (k < 0, non-integer, inf, NaN) can only send the max to the
+    full form, which is right for every count. Under vmap the cond becomes a select of
+    both: the same values, slower.
     """
     if not normalized:
         return pass_fn(None)
     if k.size <= _SMALL:
-        return pass_fn(_log_factorial)
-    few = jnp.max(k, initial=0) < _TABLE_SIZE
-    return jax.lax.cond(few, lambda: pass_fn(_table_log_factorial),
-                        lambda: pass_fn(_log_factorial))
+        return pass_fn(_special.stirlerr_int)
+    few = jnp.max(k, initial=0) < _special.STIRLERR_TABLE_SIZE
+    return jax.lax.cond(few, lambda: pass_fn(_special.stirlerr_table),
+                        lambda: pass_fn(_special.stirlerr_int))
+
+
+def _normalized_terms(stirlerr, k, rate):
+    """log P(k | lam) by Loader's decomposition, without cancellation at any k and lam:
+
+        k = 0:  -lam
+        k > 0:  -stirlerr(k) - log(2 pi k) / 2 - bd0(k, lam)
+
+    (k log(lam) - lam - log k! cancels terms of size k log k to an answer of size log k:
+    at k = lam = 1e9 the plain form keeps 7 digits.) The caller applies the verdicts.
+    """
+    kp = jnp.where(k > 0, k, 1.0)
+    t = -(stirlerr(kp) + _special.HALF_LOG_2PI + 0.5 * jnp.log(kp)) - _special.bd0(kp, rate)
+    return jnp.where(k > 0, t, -rate)
 
 
 def _in_support(k, integer_k):
@@ -122,14 +86,19 @@ def _usable(param_ok, k, integer_k):
     return param_ok if integer_k else param_ok & ~jnp.isnan(k)
 
 
-def _finish(terms, k, param_ok, log_factorial, integer_k):
-    """Apply support/parameter verdicts elementwise and subtract log k! (formed by
-    ``log_factorial``; None: dropped, `normalized=False`)."""
+def _finish(terms, k, param_ok, integer_k):
+    """Apply the support and parameter verdicts elementwise to the terms."""
     kok = _in_support(k, integer_k)
-    if log_factorial is not None:
-        terms = terms - jnp.where(kok, log_factorial(jnp.where(kok, k, 0.0)), 0.0)
     terms = jnp.where(kok, terms, -jnp.inf)
     return jnp.where(_usable(param_ok, k, integer_k), terms, jnp.nan), kok
+
+
+def _terms(stirlerr, k, rate, unnormalized, param_ok, integer_k):
+    """Both forms' elementwise terms: Loader's (``stirlerr`` given) or the propto ones."""
+    if stirlerr is None:
+        return _finish(unnormalized, k, param_ok, integer_k)
+    kk = jnp.where(_in_support(k, integer_k), k, 0.0)  # keeps the series finite off support
+    return _finish(_normalized_terms(stirlerr, kk, rate), k, param_ok, integer_k)
 
 
 def _fold_partial(d, kok, param_ok, k, shape, param_shape, integer_k, invalid=None):
@@ -159,10 +128,10 @@ def _rate_ok(rate):
     return (rate >= 0) & jnp.isfinite(rate)  # no inf constant: see _poisson_propto_int_sum
 
 
-def _poisson_terms(log_factorial, k, rate, integer_k):
+def _poisson_terms(stirlerr, k, rate, integer_k):
     # k log(lam) with 0 log 0 = 0; at lam = 0, k > 0 this is -inf, as it should be.
-    klog = jnp.where(k == 0, 0.0, k * jnp.log(rate))
-    return _finish(klog - rate, k, _rate_ok(rate), log_factorial, integer_k)
+    klog = None if stirlerr is not None else jnp.where(k == 0, 0.0, k * jnp.log(rate)) - rate
+    return _terms(stirlerr, k, rate, klog, _rate_ok(rate), integer_k)
 
 
 def _poisson_propto_int_sum(k, rate):
@@ -188,8 +157,8 @@ def _poisson_propto_int_sum(k, rate):
 def _poisson_value(normalized, integer_k, k, rate):
     if integer_k and not normalized:
         return _poisson_propto_int_sum(k, rate)
-    return _by_log_factorial(normalized, k, lambda log_factorial: jnp.sum(
-        _poisson_terms(log_factorial, k, rate, integer_k)[0]))
+    return _by_stirlerr(normalized, k, lambda stirlerr: jnp.sum(
+        _poisson_terms(stirlerr, k, rate, integer_k)[0]))
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0, 1))
@@ -227,14 +196,16 @@ def _log_rate_ok(log_rate):
     return log_rate < jnp.inf  # False for +inf and NaN; -inf (rate 0) is allowed
 
 
-def _poisson_log_terms(log_factorial, integer_k, k, log_rate, rate):
-    keta = jnp.where(k == 0, 0.0, k * log_rate)  # 0 * (-inf) = 0 at the boundary
-    return _finish(keta - rate, k, _log_rate_ok(log_rate), log_factorial, integer_k)
+def _poisson_log_terms(stirlerr, integer_k, k, log_rate, rate):
+    # Normalized: Loader's form in rate = exp(eta) (its rounding moves bd0 by (lam - k) eps,
+    # within the conditioning in eta); propto: k eta - exp(eta), 0 * (-inf) = 0 at eta = -inf.
+    keta = None if stirlerr is not None else jnp.where(k == 0, 0.0, k * log_rate) - rate
+    return _terms(stirlerr, k, rate, keta, _log_rate_ok(log_rate), integer_k)
 
 
 def _poisson_log_value(normalized, integer_k, k, log_rate, rate):
-    return _by_log_factorial(normalized, k, lambda log_factorial: jnp.sum(
-        _poisson_log_terms(log_factorial, integer_k, k, log_rate, rate)[0]))
+    return _by_stirlerr(normalized, k, lambda stirlerr: jnp.sum(
+        _poisson_log_terms(stirlerr, integer_k, k, log_rate, rate)[0]))
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0, 1))

@@ -10,7 +10,7 @@ import jax.scipy.special as jsp
 import numpy as np
 from jax.typing import ArrayLike
 
-from fusedlp import _checks
+from fusedlp import _checks, _special
 from fusedlp._fuse import fuse
 
 _HALF_LOG_PI = 0.5 * math.log(math.pi)
@@ -66,11 +66,47 @@ def _log1p_sq(z, df):
                      jnp.log1p(a_small * a_small))
 
 
+def _log_t_norm(df):
+    """lgamma((nu + 1)/2) - lgamma(nu/2) - log(nu)/2, accurate for every nu > 0.
+
+    Above nu = 14 (a = nu/2 > 7, where Stirling's series and its derivative are within
+    float64's eps: fusedlp._special),
+    with lgamma(x) = stirlerr(x) + (x - 1/2) log x - x + log(2 pi)/2:
+
+        stirlerr(a + 1/2) - stirlerr(a) + a log1pmx(1/(2a)) - log(2)/2
+
+    whose pieces are O(1/nu) (the plain difference of lgammas loses every digit by
+    nu = 1e16). Below, the lgammas themselves are O(1) and the plain form is exact enough.
+    """
+    big = df > 2.0 * _special.SERIES_FROM
+    a = 0.5 * jnp.where(big, df, 4.0 * _special.SERIES_FROM)
+    large = (_special.stirling_series(a + 0.5) - _special.stirling_series(a)
+             + a * _special.log1pmx(0.5 / a) - 0.5 * math.log(2.0))
+    ds = jnp.where(big, 1.0, df)
+    small = jsp.gammaln(0.5 * (ds + 1.0)) - jsp.gammaln(0.5 * ds) - 0.5 * jnp.log(ds)
+    return jnp.where(big, large, small)
+
+
+def _half_nu1_log1p(z, df):
+    """(nu + 1)/2 log1p(z^2 / nu), with forward-mode partials accurate at large nu.
+
+    Where w = z^2/nu < 1/4 it is summed as z^2/2 + w/2 + (nu + 1)/2 log1pmx(w), which is
+    (nu + 1)/2 (w + log1pmx(w)): d/dnu of the plain form subtracts two terms of size w/2 to
+    a result of size w^2.
+    """
+    near = z * z < 0.25 * df
+    zn = jnp.where(near, z, 0.0)
+    wn = zn * zn / df
+    zf = jnp.where(near, 0.0, z)
+    h = 0.5 * (df + 1.0)
+    return jnp.where(near, 0.5 * (zn * zn + wn) + h * _special.log1pmx(wn),
+                     h * _log1p_sq(zf, df))
+
+
 def _student_t_element(x, df, loc, scale):
     z = (x - loc) / scale
-    half = 0.5 * (df + 1.0)
-    lp = (jsp.gammaln(half) - jsp.gammaln(0.5 * df) - 0.5 * jnp.log(df) - _HALF_LOG_PI
-          - jnp.log(scale) + (scale - scale) - half * _log1p_sq(z, df))
+    lp = (_log_t_norm(df) - _HALF_LOG_PI - jnp.log(scale) + (scale - scale)
+          - _half_nu1_log1p(z, df))
     return lp + 0.0 * loc
 
 

@@ -325,5 +325,6 @@ def test_layouts():
     assert layout(normal_element, [True, True, True]) == "cond"  # log(scale) per element
     assert layout(cauchy_element, [True, True, False]) == "cond"
     assert layout(zip_element, [True, False, False]) == "exact"  # its own where
-    assert layout(fusedlp.student_t._student_t_element, [True, False, True, False]) == "cond"
+    # its own where: the large-df and small-z^2/df forms (fusedlp.student_t)
+    assert layout(fusedlp.student_t._student_t_element, [True, False, True, False]) == "exact"
     assert layout(fusedlp.gamma._gamma_element, [True, False, True]) == "exact"

@@ -382,7 +382,8 @@ def test_normalized_false_drops_constants_only(dtype, rng, tol):
     g1 = jax.grad(fusedlp.binomial_logit_lpmf, argnums=2)(kk, n, eta)
     g2 = jax.grad(lambda *a: fusedlp.binomial_logit_lpmf(*a, normalized=False), argnums=2)(
         kk, n, eta)
-    np.testing.assert_array_equal(g1, g2)
+    # the normalized interior (0 < k < n) is Loader's form, a different sum: equal to rounding
+    np.testing.assert_allclose(g1, g2, rtol=t["grad"], atol=t["grad"])
 
 
 def test_empty_inputs_and_data_cotangents():

@@ -1,0 +1,169 @@
+"""Special functions shared by the kernels, written to stay accurate over the whole range.
+
+The log-densities of the Poisson, negative binomial, gamma, binomial and Student t
+families are sums of large terms that cancel (``k log(lam) - lam - log k!`` at large
+``k``, ``lgamma(k + phi) - lgamma(phi)`` at large ``phi``). Catherine Loader's
+decomposition ("Fast and accurate computation of binomial probabilities", 2000; R's
+``dpois_raw``, ``dbinom_raw``, ``stirlerr`` and ``bd0``) rewrites them as sums of small,
+same-signed pieces:
+
+* ``stirlerr(n) = log n! - log(sqrt(2 pi n) (n/e)^n)``, the error of Stirling's formula,
+  a small positive number (``1/(12 n)`` for large ``n``);
+* ``bd0(x, m) = x log(x/m) + m - x >= 0``, the deviance term, computed from its series in
+  ``v = (x - m)/(x + m)`` where ``x`` and ``m`` are close, so it never cancels.
+
+Every function here is ordinary ``jax.numpy`` code, so forward- and reverse-mode
+derivatives of the kernels built from them are as accurate as the values (the series are
+differentiated term by term). Each branch's input is replaced by a harmless value where the
+branch is not selected (the double-``where`` idiom), so second derivatives see no NaN.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
+
+# stirlerr(n) for n = 0, 1, ..., 15, to 20 digits (mpmath); stirlerr(0) = 0 by convention
+# (R's sferr_halves), the kernels never use it.
+_STIRLERR_TABLE = np.array([
+    0.0,
+    0.08106146679532725822, 0.041340695955409294094, 0.027677925684998339149,
+    0.020790672103765093112, 0.016644691189821192163, 0.013876128823070747999,
+    0.011896709945891770095, 0.010411265261972096497, 0.0092554621827127329177,
+    0.0083305634333628712565, 0.007573675487951840795, 0.0069428401072095298657,
+    0.0064089941880042070684, 0.0059513701127588477356, 0.005554733551962801371,
+])
+STIRLERR_TABLE_SIZE = len(_STIRLERR_TABLE)
+
+# Stirling's series stirlerr(n) ~ sum_j S_j / n^(2j+1), S_j = B_(2j+2) / ((2j+2)(2j+1)).
+# The series is asymptotic. With 17 terms (R's stirlerr takes as many just above 5.25) it
+# is within float64's eps from n = 5.25 for the value, and from n = 7 for its derivative,
+# whose terms carry an extra factor 2j + 1: the series is used from 7 on. float32 needs 5.
+_STIRLING_S = (
+    1 / 12, -1 / 360, 1 / 1260, -1 / 1680, 1 / 1188, -691 / 360360, 1 / 156,
+    -3617 / 122400, 43867 / 244188, -174611 / 125400, 77683 / 5796,
+    -236364091 / 1506960, 657931 / 300, -3392780147 / 93960, 1723168255201 / 2492028,
+    -7709321041217 / 505920, 151628697551 / 396,
+)
+SERIES_FROM = 7.0
+
+
+def _wide(dtype) -> bool:
+    return jnp.finfo(dtype).bits >= 64
+
+
+def _horner(coefficients, w):
+    out = jnp.full_like(w, coefficients[-1])
+    for c in coefficients[-2::-1]:
+        out = out * w + c
+    return out
+
+
+def stirling_series(n):
+    """sum_j S_j / n^(2j+1), as many terms as the dtype needs (n > SERIES_FROM)."""
+    terms = _STIRLING_S if _wide(n.dtype) else _STIRLING_S[:5]
+    r = 1.0 / n
+    return r * _horner(terms, r * r)
+
+
+def stirlerr_table(k):
+    """stirlerr(k) from the table, for integer-valued 1 <= k < 16 (larger k read the last
+    entry)."""
+    table = jnp.asarray(_STIRLERR_TABLE, dtype=k.dtype)
+    return lookup(table, jnp.clip(k, 0, STIRLERR_TABLE_SIZE - 1).astype(jnp.int32))
+
+
+def stirlerr_int(k):
+    """stirlerr(k) for integer-valued k >= 1 (any float dtype): a table below 16, else the
+    series. No lgamma: the cheap form for counts."""
+    small = k < STIRLERR_TABLE_SIZE
+    return jnp.where(small, stirlerr_table(k),
+                     stirling_series(jnp.where(small, STIRLERR_TABLE_SIZE, k)))
+
+
+def stirlerr(n):
+    """stirlerr(n) for real n > 0: the series above 7; below, R's lgamma forms, whose
+    terms are O(1), so the absolute error stays a few ulp.
+
+        n >= 1: lgamma(n) + n (1 - log n) + (log n - log 2 pi) / 2
+        n < 1:  lgamma(n + 1) - (n + 1/2) log n + n - log(2 pi) / 2
+    """
+    big = n > SERIES_FROM
+    s = jnp.where(big, 1.0, n)  # the small branch's input: O(1) and > 0 where not taken
+    log_s = jnp.log(s)
+    ge1 = jax.scipy.special.gammaln(s) + s * (1.0 - log_s) + 0.5 * (log_s - 2.0 * HALF_LOG_2PI)
+    lt1 = jax.scipy.special.gammaln(s + 1.0) - (s + 0.5) * log_s + s - HALF_LOG_2PI
+    small = jnp.where(s >= 1.0, ge1, lt1)
+    return jnp.where(big, stirling_series(jnp.where(big, n, 2 * SERIES_FROM)), small)
+
+
+# bd0's series in v = (x - m)/(x + m): bd0 = (x - m) v + 2 x sum_{j>=1} v^(2j+1)/(2j+1).
+# Used for |v| < 0.1, where v^2 < 0.01: 8 terms reach float64's eps, 4 float32's.
+_BD0_SERIES_BELOW = 0.1
+
+
+def bd0(x, m, diff=None, log_m=None):
+    """The deviance term x log(x/m) + m - x >= 0 (x >= 0, m > 0), without cancellation.
+
+    ``diff``, if given, is ``x - m`` computed from the caller's own inputs (for example
+    ``k - mu`` where x = k + phi, m = mu + phi): the series then sees the exact difference,
+    and its derivatives with it. ``log_m``, if given, is log(m) for where m itself has
+    under- or overflowed (m = n sigmoid(eta) at eta = -1e4). bd0(0, m) = m; bd0(x, 0) = inf
+    for x > 0.
+    """
+    d = x - m if diff is None else diff
+    s = x + m
+    v = d / jnp.where(s == 0, 1.0, s)
+    near = jnp.abs(v) < _BD0_SERIES_BELOW
+    vn = jnp.where(near, v, 0.0)
+    w = vn * vn
+    terms = 8 if _wide(x.dtype) else 4
+    coeffs = tuple(1.0 / (2 * j + 1) for j in range(1, terms + 1))
+    series = d * vn + 2.0 * x * vn * w * _horner(coeffs, w)
+    # far from m: x log(x/m) - (x - m); x/m may overflow (x = 1e12, m = 1e-300), then
+    # log x - log m, which is then at least 709 and carries no cancellation.
+    xf = jnp.where(near | (x == 0), 1.0, x)
+    mf = jnp.where(near, 1.0, m)
+    ratio = xf / mf
+    log_mf = jnp.log(mf) if log_m is None else jnp.where(near, 0.0, log_m)
+    exact = (ratio > 0) & (ratio < jnp.inf)
+    log_ratio = jnp.where(exact, jnp.log(jnp.where(exact, ratio, 1.0)), jnp.log(xf) - log_mf)
+    far = jnp.where(x == 0, m, xf * log_ratio - d)
+    return jnp.where(near, series, far)
+
+
+def log1pmx(x):
+    """log(1 + x) - x for x > -1, without cancellation near 0.
+
+    For |x| < 1/4, with v = x / (2 + x) (so log1p(x) = 2 atanh(v)):
+    log1p(x) - x = -2 v^2 / (1 - v) + 2 v^3 sum_{j>=0} v^(2j) / (2j + 3); no term cancels.
+    """
+    near = jnp.abs(x) < 0.25
+    xn = jnp.where(near, x, 0.0)
+    v = xn / (2.0 + xn)
+    w = v * v
+    terms = 10 if _wide(x.dtype) else 5
+    coeffs = tuple(1.0 / (2 * j + 3) for j in range(terms))
+    series = -2.0 * w / (1.0 - v) + 2.0 * v * w * _horner(coeffs, w)
+    xf = jnp.where(near, 0.5, x)
+    return jnp.where(near, series, jnp.log1p(xf) - xf)
+
+
+def lookup(table: jax.Array, idx: jax.Array) -> jax.Array:
+    """``table[idx]`` for in-range ``idx``, shaped and sharded like ``idx``.
+
+    Under a mesh with Explicit axes (``jax.make_mesh``'s default) a gather from a replicated
+    table with sharded indices has no unambiguous output sharding and jax refuses to trace
+    it; there the indices' sharding is named. Elsewhere (one device, Auto axes, one device's
+    block in fuse's shard_map) the spec carries no mesh axis and this is the plain
+    ``jnp.take``.
+    """
+    sharding = getattr(jax.typeof(idx), "sharding", None) if hasattr(jax, "typeof") else None
+    if sharding is not None and any(axis is not None for axis in sharding.spec):
+        return table.at[idx].get(mode="promise_in_bounds", out_sharding=sharding)
+    return jnp.take(table, idx)
