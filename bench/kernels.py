@@ -210,7 +210,7 @@ def _numba_poisson_log(ft, normalized: bool):
 
 
 def _numba_eam(ft, normalized: bool = True):
-    """The seed's two-pass loop: pass 1 stores e_j = rho(r_j) and sums p, pass 2 scales by F'(p)."""
+    """The EAM write-up's two-pass loop: pass 1 stores e_j = rho(r_j) and sums p, pass 2 scales by F'(p)."""
     from numba import njit
 
     one, two, three, quarter = ft(1.0), ft(2.0), ft(3.0), ft(0.25)
@@ -352,7 +352,7 @@ def _cases() -> list[Case]:
 
     def eam_fused(dt):
         if np.dtype(dt) == np.float64:
-            return lambda r: fusedlp.eam_energy(r)  # the seed defaults
+            return lambda r: fusedlp.eam_energy(r)  # the defaults: the EAM write-up's potential
         # float32 parameters passed explicitly: the float64 defaults would promote r
         density = (np.float32(EAM_A), np.float32(EAM_BETA))
         coeffs = np.asarray(EAM_COEFFS, np.float32)
@@ -387,7 +387,7 @@ def _cases() -> list[Case]:
              _poisson_log_data, poisson_log_fused(False),
              lambda dt: [stats_poisson_log_offset, plain_poisson_log(False)],
              partial(_lazy_numba, _numba_poisson_log, False), normalized=False),
-        Case("eam", "eam", "eam_energy(r) (seed density and embedding)",
+        Case("eam", "eam", "eam_energy(r) (default density and embedding)",
              "one site, N neighbours, r ~ U(0, 1): E(r) = F(sum_j exp(-3(r_j+1))), "
              "F(p) = p^2 + p^3 + p^4/4, d/dr",
              _eam_data, eam_fused,

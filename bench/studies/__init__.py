@@ -32,7 +32,7 @@ def quick_from_env() -> bool:
 
 
 def setup() -> dict:
-    """float64 on (the studies are float64, as the seeds are), JAX's asynchronous CPU dispatch
+    """float64 on (the studies are float64, as the write-ups' are), JAX's asynchronous CPU dispatch
     off (as in ``python -m bench kernels``); the machine record.
 
     With asynchronous dispatch on (JAX's default), a call whose compiled program XLA deems

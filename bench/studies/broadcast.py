@@ -1,6 +1,6 @@
 """eager vs fused broadcasting under reverse mode.
 
-The gradient of f(x) = Σ exp(x_i), n = 1000. In the seed, ReverseDiff records a lazy
+The gradient of f(x) = Σ exp(x_i), n = 1000. In the write-up, ReverseDiff records a lazy
 broadcast element by element (2n − 1 scalar instructions on its tape) and is 16× slower than
 the eager broadcast it records as one instruction; compiling the tape recovers only part of it.
 
@@ -47,7 +47,7 @@ PLOT_PANELS = (
 SIZES = (10, 100, 1000, 10**4, 10**5, 10**6)
 QUICK_SIZES = (10, 1000)
 
-# The seed's BenchmarkTools medians at n = 1000, microseconds (ReverseDiff.gradient).
+# The write-up's BenchmarkTools medians at n = 1000, microseconds (ReverseDiff.gradient).
 SEED_US = {"eager broadcast (one tape instruction)": {1000: 10.105},
            "lazy broadcast (2n − 1 scalar instructions)": {1000: 158.858},
            "lazy broadcast, compiled tape": {1000: 54.679}}
@@ -57,7 +57,7 @@ def seed_figures() -> dict:
     e = SEED_US["eager broadcast (one tape instruction)"][1000]
     return {"us": SEED_US,
             "ratios": {k: {"1000": v[1000] / e} for k, v in SEED_US.items()},
-            "ratio_to": "eager broadcast (the seed times no value)"}
+            "ratio_to": "eager broadcast (the write-up times no value)"}
 
 
 def f(x):
@@ -131,7 +131,7 @@ def extra_tables(result: dict) -> list[tuple[str, str]]:
     rows = [[f"{e['n']:,}", str(e["grad_jaxpr_eqns"]), str(e["fused_grad_jaxpr_eqns"]),
              f"{e['reversediff_lazy_tape_instructions']:,}"]
             for e in result["extra"]["program_size"]]
-    return [("Program size: operations in the traced gradient against the seed's tape",
+    return [("Program size: operations in the traced gradient against the write-up's tape",
              md_table(["n", "jax.grad jaxpr eqns", "fused jaxpr eqns",
                        "ReverseDiff lazy-broadcast tape (2n − 1)"], rows, "rrrr"))]
 

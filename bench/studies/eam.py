@@ -1,12 +1,12 @@
 """an EAM-style potential, hand gradient vs reverse AD.
 
 E(x) = F(Σ_i ρ(x_i)) with ρ(r) = exp(−3(r + 1)), F(p) = p² + p³ + p⁴/4 and x ~ U(0, 1),
-n = 100 and 1000 (and 10⁶). Variants: the value; the seed's hand gradient ``deam!``
+n = 100 and 1000 (and 10⁶). Variants: the value; the write-up's hand gradient ``deam!``
 transcribed to JAX (it evaluates the exp twice, once for ρ and once for ρ′); naive
-``jax.grad``; ``fusedlp.eam_energy``; and a numba loop standing in for the seed's
+``jax.grad``; ``fusedlp.eam_energy``; and a numba loop standing in for the write-up's
 LoopVectorization loop (one pass storing ρ(x_i) and summing, one pass scaling by F′).
 
-The seed's author evaluates this model millions of times on small inputs, so the study also
+The write-up's author evaluates this model millions of times on small inputs, so the study also
 times a batch of B evaluations at n = 100 in one call (``vmap``, or one fusedlp call on a
 (B, n) array of sites), reported per evaluation.
 """
@@ -49,7 +49,7 @@ QUICK_SIZES = (100, 1000)
 BATCH, QUICK_BATCH = 10_000, 1000
 BATCH_N = 100
 
-# One consistent run in the seed (a reply that timed both sizes), BenchmarkTools medians, µs.
+# One consistent run in the write-up (a reply that timed both sizes), BenchmarkTools medians, µs.
 SEED_US = {
     "E (value)": {100: 0.825692, 1000: 7.938},
     "deam (hand gradient, allocating)": {100: 1.810, 1000: 17.662},
@@ -73,7 +73,7 @@ def eam(x):
 
 
 def deam(x):
-    """The seed's ``deam!`` in JAX: ρ summed, then ρ′(x_n) F′(ρ) with ρ′ = −3 exp(...) again."""
+    """The write-up's ``deam!`` in JAX: ρ summed, then ρ′(x_n) F′(ρ) with ρ′ = −3 exp(...) again."""
     rho = jnp.sum(jnp.exp(-3.0 * (x + 1.0)))
     dF = 2 * rho + 3 * rho**2 + rho**3
     return -3.0 * jnp.exp(-3.0 * (x + 1.0)) * dF
@@ -88,7 +88,7 @@ def _numba():
     vg = fns["vg"]
 
     @njit(fastmath=True)
-    def batched_vg(X):  # the seed's two-pass loop per site, writing into one (B, n) output
+    def batched_vg(X):  # the write-up's two-pass loop per site, writing into one (B, n) output
         E = np.empty(X.shape[0])
         G = np.empty_like(X)
         for b in range(X.shape[0]):

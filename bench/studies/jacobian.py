@@ -48,11 +48,11 @@ PLOT_PANELS = (
 SIZES = (21, 201, 2001)
 QUICK_SIZES = (21, 201)
 X0 = 0.3
-FD_STEP = 1e-6  # the seed's step
+FD_STEP = 1e-6  # the write-up's step
 
 
 def seed_figures() -> dict:
-    # The seed gives ratios in words, not times (n = 21).
+    # The write-up gives ratios in words, not times (n = 21).
     return {"us": {}, "ratios": {
         "Zygote.jacobian w.r.t. (d, x) / finite differences": {"21": 50.0},
         "ForwardDiff.derivative / finite differences": {"21": 0.5},

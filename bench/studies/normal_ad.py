@@ -41,7 +41,7 @@ QUICK_SIZES = (10, 100, 1000)
 DENSE_MAX_N = 1000  # forward mode, complex step and FD materialise n x n arrays
 SCALE = 1.0
 
-# The seed's @btime medians (Julia 1.8, their machine), microseconds.
+# The write-up's @btime medians (Julia 1.8, their machine), microseconds.
 SEED_US = {
     "f (value)": {10: 0.10636, 100: 0.72562, 1000: 7.058},
     "Tracker (reverse)": {10: 13.962, 100: 18.124, 1000: 58.194},
@@ -78,7 +78,7 @@ def variants(y, theta):
     def f(theta, y):  # what one writes with jax.scipy.stats
         return jnp.sum(norm.logpdf(y, theta, s))
 
-    def f_plain(theta, y):  # the seed's normlpdf(z) = -(log 2π + z²)/2; analytic: complex-safe
+    def f_plain(theta, y):  # the write-up's normlpdf(z) = -(log 2π + z²)/2; analytic: complex-safe
         z = (theta - y) / s
         return jnp.sum(-0.5 * (math.log(2 * math.pi) + z * z))
 

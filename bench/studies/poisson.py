@@ -2,11 +2,11 @@
 
 L(λ) = Σ_i log Poisson(c_i | λ_i) with c ~ Poisson(1.2) (integers) and λ ~ U(0, 1),
 n = 1000 (and 10⁶); value, gradient and value-and-gradient with respect to λ, jitted and
-not: autodiff of ``jax.scipy.stats.poisson.logpmf`` (the seed's JAX code), NumPyro's
+not: autodiff of ``jax.scipy.stats.poisson.logpmf`` (the write-up's JAX code), NumPyro's
 ``Poisson.log_prob``, ``fusedlp.poisson_lpmf`` normalized and not (``normalized=False`` drops
 −log c!, which the gradient never needs), and a numba loop.
 
-The seed's puzzle, "the gradient is faster than the value under ``jit``", has a plain cause:
+The write-up's puzzle, "the gradient is faster than the value under ``jit``", has a plain cause:
 the value needs log c! (``lgamma``, the dearest operation here); its gradient c/λ − 1 does not,
 and XLA deletes what the gradient does not use.
 """
@@ -49,7 +49,7 @@ PLOT_PANELS = (
 SIZES = (1000, 10**4, 10**5, 10**6)
 QUICK_SIZES = (1000,)
 
-# The seed's figures at n = 1000, µs: its JAX %timeit means, and the last consistent Julia
+# The write-up's figures at n = 1000, µs: its JAX %timeit means, and the last consistent Julia
 # run (one machine): f, ReverseDiff on a compiled tape, Enzyme.
 SEED_US = {
     "JAX value (jit)": {1000: 27.0},
