@@ -118,7 +118,7 @@ def bd0(x, m, diff=None, log_m=None):
     """
     d = x - m if diff is None else diff
     s = x + m
-    v = d / jnp.where(s == 0, 1.0, s)
+    v = ratio(d, jnp.where(s == 0, 1.0, s))
     near = jnp.abs(v) < _BD0_SERIES_BELOW
     vn = jnp.where(near, v, 0.0)
     w = vn * vn
@@ -129,10 +129,10 @@ def bd0(x, m, diff=None, log_m=None):
     # log x - log m, which is then at least 709 and carries no cancellation.
     xf = jnp.where(near | (x == 0), 1.0, x)
     mf = jnp.where(near, 1.0, m)
-    ratio = xf / mf
+    r = ratio(xf, mf)
     log_mf = jnp.log(mf) if log_m is None else jnp.where(near, 0.0, log_m)
-    exact = (ratio > 0) & (ratio < jnp.inf)
-    log_ratio = jnp.where(exact, jnp.log(jnp.where(exact, ratio, 1.0)), jnp.log(xf) - log_mf)
+    exact = (r > 0) & (r < jnp.inf)
+    log_ratio = jnp.where(exact, jnp.log(jnp.where(exact, r, 1.0)), jnp.log(xf) - log_mf)
     far = jnp.where(x == 0, m, xf * log_ratio - d)
     return jnp.where(near, series, far)
 
@@ -167,3 +167,47 @@ def lookup(table: jax.Array, idx: jax.Array) -> jax.Array:
     if sharding is not None and any(axis is not None for axis in sharding.spec):
         return table.at[idx].get(mode="promise_in_bounds", out_sharding=sharding)
     return jnp.take(table, idx)
+
+
+@jax.custom_jvp
+def xlog1p_ratio(phi, mu):
+    """phi log1p(mu/phi) (phi > 0, mu >= 0), with partials that neither overflow nor cancel.
+
+    The chain rule through u = mu/phi forms mu/phi^2, which overflows at mu = 1e300,
+    phi = 1e-8, and d/dphi = log1p(u) - u/(1 + u) cancels to u^2/2 at small u. The rule
+    below gives d/dphi = log1pmx(u) + u^2/(1 + u) for u < 1, log1p(u) - mu/(phi + mu)
+    above, and d/dmu = phi/(phi + mu).
+    """
+    u = mu / phi
+    finite = u < jnp.inf
+    return phi * jnp.where(finite, jnp.log1p(jnp.where(finite, u, 0.0)),
+                           jnp.log(mu) - jnp.log(phi))
+
+
+@xlog1p_ratio.defjvp
+def _xlog1p_ratio_jvp(primals, tangents):
+    phi, mu = primals
+    dphi, dmu = tangents
+    u = mu / phi
+    small = u < 1.0
+    us = jnp.where(small, u, 0.0)
+    p = 1.0 / (1.0 + u)  # phi / (phi + mu)
+    large = jnp.log1p(jnp.where(small, 1.0, u)) - (1.0 - p)
+    d_phi = jnp.where(small, log1pmx(us) + us * us * p, large)
+    d_phi = jnp.where(u < jnp.inf, d_phi, jnp.log(mu) - jnp.log(phi) - 1.0)
+    return xlog1p_ratio(phi, mu), d_phi * dphi + p * dmu
+
+
+@jax.custom_jvp
+def ratio(a, b):
+    """a / b, whose derivative in b is -(a/b)/b rather than jax's -a b^-2: at a = 0,
+    b = 1e-300 that is 0, not 0 * inf = NaN."""
+    return a / b
+
+
+@ratio.defjvp
+def _ratio_jvp(primals, tangents):
+    a, b = primals
+    da, db = tangents
+    out = a / b
+    return out, (da - out * db) / b

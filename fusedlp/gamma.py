@@ -44,7 +44,12 @@ def _gamma_element(x, shape, rate):
     log_x = jnp.log(jnp.where(inside, x, 1.0))  # x = inf: -rate * x gives -inf alone
     at_zero = jnp.where((x == 0) & (a1 != 0), -jnp.sign(a1) * jnp.inf, 0.0)
     log_rate, log_shape = jnp.log(rate), jnp.log(shape)
-    lp = shape * log_rate - jsp.gammaln(shape) + a1 * log_x - rate * x + at_zero
+    # log(rate x) as one log where the product is a normal number: log(rate) + log(x)
+    # carries an ulp of each (690 at rate = 1e-300) into d/dshape = log(rate x) - digamma.
+    rx = rate * jnp.where(inside, x, 1.0)
+    prod = (rx > jnp.finfo(rx.dtype).tiny) & (rx < jnp.inf)
+    log_rx = jnp.where(prod, jnp.log(jnp.where(prod, rx, 1.0)), log_rate + log_x)
+    lp = log_rate + a1 * log_rx - jsp.gammaln(shape) - rate * x + at_zero
     lp = jnp.minimum(lp, (2.0 * (x >= 0) - 1.0) * jnp.inf)  # x < 0: -inf (NaN stays NaN)
     # Above shape 2, R's dgamma: log(rate) + log Poisson(shape - 1 | rate x) in Loader's
     # form (fusedlp._special), free of the cancellation of shape log(rate) - lgamma(shape)
@@ -53,7 +58,7 @@ def _gamma_element(x, shape, rate):
     a = jnp.where(big, a1, 1.0)
     xb = jnp.where(big, x, 1.0)
     lp_big = (log_rate - _special.stirlerr(a) - _special.HALF_LOG_2PI - 0.5 * jnp.log(a)
-              - _special.bd0(a, rate * xb, log_m=log_rate + jnp.log(xb)))
+              - _special.bd0(a, rate * xb, log_m=log_rx))
     lp = jnp.where(big, lp_big, lp)
     # The parameter verdict: log(p) - log(p) is 0 for a finite p > 0 and NaN for p <= 0,
     # p = inf or NaN (log gives NaN, -inf or +inf there), and log(rate) is the value's own.

@@ -22,7 +22,7 @@ from fusedlp._fuse import fuse
 # The value is summed in Loader's form (R's dnbinom_mu, which evaluates NB(k | mu, phi) as
 # phi / (phi + k) times a binomial probability at size phi + k; fusedlp._special):
 #
-#   k = 0:  -phi log1p(mu / phi)  [= -mu - phi log1pmx(mu / phi) for mu < phi]
+#   k = 0:  -phi log1p(mu / phi)  (partials by fusedlp._special.xlog1p_ratio)
 #   k > 0:  -log1p(k / phi) / 2 + stirlerr(phi + k) - stirlerr(phi) - stirlerr(k)
 #           - log(2 pi k) / 2 - bd0(phi, (phi + k) p) - bd0(k, (phi + k) q),
 #           p = phi / (phi + mu), q = mu / (phi + mu)
@@ -45,22 +45,20 @@ from fusedlp._fuse import fuse
 
 def _log_nb(k, mu, phi):
     """log NB(k | mu, phi) for a count k >= 0 and valid mu >= 0, phi > 0 (Loader's form)."""
-    u = mu / phi
-    small_u = u < 1.0
-    us = jnp.where(small_u, u, 0.0)
-    ul = jnp.where(small_u, 1.0, u)
-    at_zero = jnp.where(small_u, -mu - phi * _special.log1pmx(us), -phi * jnp.log1p(ul))
+    at_zero = -_special.xlog1p_ratio(phi, mu)
     kp = jnp.where(k > 0, k, 1.0)
-    # p = phi / (phi + mu), q = mu / (phi + mu) and bd0's arguments, each written so that
-    # its derivatives are sums of like-signed terms: (phi + k) q, say, has d/dphi of size
-    # 1/phi^2 but its product rule subtracts two terms of size 1/phi.
+    # p = phi / (phi + mu) and bd0's arguments, each written so that its derivatives are sums
+    # of like-signed terms: (phi + k) q, say, has d/dphi of size 1/phi^2 but its product
+    # rule subtracts two terms of size 1/phi; and so that nothing underflows on the way
+    # (mu q with q = mu/(phi + mu) at mu = 1e-300).
+    u = mu / phi
     p = 1.0 / (1.0 + u)
-    q = 1.0 / (1.0 + 1.0 / u)
+    s = phi + mu
     n = phi + kp
     lp = (-0.5 * jnp.log1p(kp / phi) + _special.stirlerr(n) - _special.stirlerr(phi)
           - _special.stirlerr_int(kp) - _special.HALF_LOG_2PI - 0.5 * jnp.log(kp)
           - _special.bd0(phi, n * p, diff=(mu - kp) * p)
-          - _special.bd0(kp, mu * p + kp * q, diff=(kp - mu) * p))
+          - _special.bd0(kp, mu * (p + kp / s), diff=(kp - mu) * p))
     return jnp.where(k > 0, lp, at_zero)
 
 

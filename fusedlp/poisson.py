@@ -56,17 +56,19 @@ def _by_stirlerr(normalized: bool, k: jax.Array, pass_fn):
                         lambda: pass_fn(_special.stirlerr_int))
 
 
-def _normalized_terms(stirlerr, k, rate):
+def _normalized_terms(stirlerr, k, rate, log_rate=None):
     """log P(k | lam) by Loader's decomposition, without cancellation at any k and lam:
 
         k = 0:  -lam
         k > 0:  -stirlerr(k) - log(2 pi k) / 2 - bd0(k, lam)
 
     (k log(lam) - lam - log k! cancels terms of size k log k to an answer of size log k:
-    at k = lam = 1e9 the plain form keeps 7 digits.) The caller applies the verdicts.
+    at k = lam = 1e9 the plain form keeps 7 digits.) ``log_rate``, if known, serves where
+    lam under- or overflows (eta = -200 in float32). The caller applies the verdicts.
     """
     kp = jnp.where(k > 0, k, 1.0)
-    t = -(stirlerr(kp) + _special.HALF_LOG_2PI + 0.5 * jnp.log(kp)) - _special.bd0(kp, rate)
+    t = (-(stirlerr(kp) + _special.HALF_LOG_2PI + 0.5 * jnp.log(kp))
+         - _special.bd0(kp, rate, log_m=log_rate))
     return jnp.where(k > 0, t, -rate)
 
 
@@ -93,12 +95,12 @@ def _finish(terms, k, param_ok, integer_k):
     return jnp.where(_usable(param_ok, k, integer_k), terms, jnp.nan), kok
 
 
-def _terms(stirlerr, k, rate, unnormalized, param_ok, integer_k):
+def _terms(stirlerr, k, rate, unnormalized, param_ok, integer_k, log_rate=None):
     """Both forms' elementwise terms: Loader's (``stirlerr`` given) or the propto ones."""
     if stirlerr is None:
         return _finish(unnormalized, k, param_ok, integer_k)
     kk = jnp.where(_in_support(k, integer_k), k, 0.0)  # keeps the series finite off support
-    return _finish(_normalized_terms(stirlerr, kk, rate), k, param_ok, integer_k)
+    return _finish(_normalized_terms(stirlerr, kk, rate, log_rate), k, param_ok, integer_k)
 
 
 def _fold_partial(d, kok, param_ok, k, shape, param_shape, integer_k, invalid=None):
@@ -200,7 +202,7 @@ def _poisson_log_terms(stirlerr, integer_k, k, log_rate, rate):
     # Normalized: Loader's form in rate = exp(eta) (its rounding moves bd0 by (lam - k) eps,
     # within the conditioning in eta); propto: k eta - exp(eta), 0 * (-inf) = 0 at eta = -inf.
     keta = None if stirlerr is not None else jnp.where(k == 0, 0.0, k * log_rate) - rate
-    return _terms(stirlerr, k, rate, keta, _log_rate_ok(log_rate), integer_k)
+    return _terms(stirlerr, k, rate, keta, _log_rate_ok(log_rate), integer_k, log_rate)
 
 
 def _poisson_log_value(normalized, integer_k, k, log_rate, rate):

@@ -93,18 +93,22 @@ def _half_nu1_log1p(z, df):
     Where w = z^2/nu < 1/4 it is summed as z^2/2 + w/2 + (nu + 1)/2 log1pmx(w), which is
     (nu + 1)/2 (w + log1pmx(w)): d/dnu of the plain form subtracts two terms of size w/2 to
     a result of size w^2.
+
+    Infinite z (x = +-inf) gives +inf through a select, so that no branch sees it: second
+    derivatives (fusedlp.hessian) then stay finite for the in-support elements.
     """
     near = z * z < 0.25 * df
     zn = jnp.where(near, z, 0.0)
     wn = zn * zn / df
-    zf = jnp.where(near, 0.0, z)
+    zf = jnp.where(near | jnp.isinf(z), 0.0, z)
     h = 0.5 * (df + 1.0)
-    return jnp.where(near, 0.5 * (zn * zn + wn) + h * _special.log1pmx(wn),
-                     h * _log1p_sq(zf, df))
+    out = jnp.where(near, 0.5 * (zn * zn + wn) + h * _special.log1pmx(wn),
+                    h * _log1p_sq(zf, df))
+    return jnp.where(jnp.isinf(z), jnp.inf, out)
 
 
 def _student_t_element(x, df, loc, scale):
-    z = (x - loc) / scale
+    z = _special.ratio(x - loc, scale)  # d/dscale = -z/scale: finite at scale = 1e-300
     lp = (_log_t_norm(df) - _HALF_LOG_PI - jnp.log(scale) + (scale - scale)
           - _half_nu1_log1p(z, df))
     return lp + 0.0 * loc
