@@ -108,9 +108,13 @@ def _half_nu1_log1p(z, df):
 
 
 def _student_t_element(x, df, loc, scale):
-    z = _special.ratio(x - loc, scale)  # d/dscale = -z/scale: finite at scale = 1e-300
-    lp = (_log_t_norm(df) - _HALF_LOG_PI - jnp.log(scale) + (scale - scale)
-          - _half_nu1_log1p(z, df))
+    # x = +-inf (outside the support) is replaced before any arithmetic and gets its -inf by
+    # a select: no partial of the other elements' formula then meets inf * 0 in a second
+    # derivative. d/dscale of z is -z/scale (_special.ratio): finite at scale = 1e-300.
+    off = jnp.isinf(x)
+    z = _special.ratio(jnp.where(off, 0.0, x - loc), scale)
+    tail = jnp.where(off, jnp.inf, _half_nu1_log1p(z, df))
+    lp = _log_t_norm(df) - _HALF_LOG_PI - jnp.log(scale) + (scale - scale) - tail
     return lp + 0.0 * loc
 
 
