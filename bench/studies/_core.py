@@ -256,6 +256,12 @@ FONT = 9  # legend and tick labels: readable at the notebook's width
 KIND_STYLE = {"value": "-", "gradient": "-", "jacobian": "-", "value_and_gradient": "--"}
 
 
+def _coincide(a: dict, b: dict, rtol: float = 0.10) -> bool:
+    """Two lines lie on top of each other: within ``rtol`` at every n both have."""
+    common = [n for n in a if n in b]
+    return bool(common) and all(abs(a[n] / b[n] - 1) <= rtol for n in common)
+
+
 def plot(result: dict, ax, variants: Sequence[str], title: str = ""):
     """Log-log time against n for the named variants (at most about five, so the eye can
     follow them), with the jit call floor as a grey reference line."""
@@ -265,11 +271,19 @@ def plot(result: dict, ax, variants: Sequence[str], title: str = ""):
     others = iter(zip(["tab:blue", "tab:green", "tab:purple", "tab:olive", "tab:cyan"],
                       ["s", "^", "D", "v", "P"]))
     fused = iter(["tab:red", "darkred", "tab:orange"])
+    def times(name):
+        return {r["n"]: r["median_s"] for r in result["rows"]
+                if r["variant"] == name and r["median_s"] is not None}
+
+    fused_names = [v for v in variants if times(v) and "fused" in
+                   next(r["label"] for r in result["rows"] if r["variant"] == v)]
     for name in [*variants, "call_floor"]:
         rs = [r for r in result["rows"] if r["variant"] == name and r["median_s"] is not None]
         if not rs:
             continue
         label, kind = rs[0]["label"], rs[0]["kind"]
+        if name not in fused_names and any(_coincide(times(name), times(f)) for f in fused_names):
+            label += " (under the red line: within 10 %)"
         style = dict(ls=KIND_STYLE.get(kind, "-"), lw=1.5, marker="o", markersize=4)
         if name == "call_floor":
             label = "jit call floor (a call that does no work)"
