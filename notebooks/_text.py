@@ -314,7 +314,7 @@ functions op by op. The numba loops compute log c! with `math.lgamma` (normalize
 Measured on a 2-core AMD EPYC virtual machine, JAX 0.10.2 on CPU, float64 (the tables above).
 
 * **The write-up's puzzle reproduces and has a plain cause.** Jitted `jax.grad` of
-  `jax.scipy.stats.poisson.logpmf` costs a tenth to a seventh of the value at n = 1000 (the
+  `jax.scipy.stats.poisson.logpmf` costs about a tenth of the value at n = 1000 (the
   write-up: a third) and 1–5 % of it from n = 10⁴. The value must compute log c! with `lgamma`, the
   dearest operation here; the gradient c/λ − 1 does not need it, and XLA deletes what the
   gradient does not use. Un-jitted, the gradient costs several times the value (over 5×;
@@ -322,17 +322,17 @@ Measured on a 2-core AMD EPYC virtual machine, JAX 0.10.2 on CPU, float64 (the t
 * **Value-and-gradient costs about the value** for every jitted route: the gradient rides
   along with the pass that computes the value.
 * **What to call.** For fitting, `fusedlp.poisson_lpmf(..., normalized=False)` (it drops
-  the constant −log c!) gives value and gradient 9–14× faster than autodiff of
+  the constant −log c!) gives value and gradient 8–10× faster than autodiff of
   `jax.scipy.stats` from n = 10⁴ up in this run. The normalized kernel is faster than it
-  at n = 10⁴–10⁵ (1.3–1.4×) but not at 10⁶ (0.9×): it computes log c! and the rate terms
+  at n = 10⁴–10⁵ (1.3×) but not at 10⁶ (0.65×): it computes log c! and the rate terms
   in a form that stays accurate for large counts, which costs about what `lgamma` costs.
   If only the gradient is wanted, `jax.grad` of `jax.scipy.stats` or NumPyro is already
   optimal and a little faster than fusedlp's gradient at large n (about 1.1× at 10⁶).
   At n = 1000 every jitted gradient sits near JAX's ~5 µs dispatch floor; un-jitted, the
-  same calls cost from 10× (the value) to thousands of times more (fusedlp's gradient,
-  whose accurate log c! is many small operations: always `jit` it).
+  same calls cost from 10× (the value) to tens of thousands of times more (fusedlp's
+  gradient, whose accurate log c! is many small operations: always `jit` it).
 * The numba loop that calls `lgamma` per element costs 0.5–0.7× the `jax.scipy.stats`
-  value from n = 10⁴ in this run; without log c! it is about 1.5× slower than fusedlp's
+  value from n = 10⁴ in this run; without log c! it is 1.3–1.5× slower than fusedlp's
   `normalized=False` kernel from n = 10⁴, which vectorises and uses both cores.
 """,
         "claims": """
