@@ -82,8 +82,8 @@ def _usable(param_ok, k, integer_k):
     """Parameter verdict and no NaN count (a count cast from integers is never NaN).
 
     For integer counts the redundant checks are left out, not left to XLA: it does not prove
-    floor(float(k)) == float(k), and those per-element tests made the gradient-only pass at
-    N = 10^6 take 570 us instead of 345 us (measured on the 2-core CPU of README's tables).
+    floor(float(k)) == float(k), and those per-element tests made the gradient-only pass
+    markedly slower (docs/performance.md).
     """
     return param_ok if integer_k else param_ok & ~jnp.isnan(k)
 
@@ -173,8 +173,7 @@ def _poisson_drate(integer_k, k, rate):
     # lam = 0 (no 0/0). A float k off the support (inf, say) is replaced by 0 first: its
     # partial is selected away, and a second derivative would otherwise meet inf * 0 =
     # NaN there. An invalid rate gives NaN: lam < 0 and NaN by the select, lam = inf by
-    # lam * 0 (an isfinite test instead doubled this pass: 0.47 against 0.25 ms at
-    # N = 10^6, where jax.grad of jax.scipy.stats takes 0.22 ms).
+    # lam * 0 (an isfinite test instead about doubled this pass; docs/performance.md).
     shape = jnp.broadcast_shapes(k.shape, rate.shape)
     kok = _in_support(k, integer_k)
     ks = k if integer_k else jnp.where(kok, k, 0.0)
