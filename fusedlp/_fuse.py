@@ -7,11 +7,11 @@ rule forms the value and the per-element partials of every differentiated argume
 compiled pass, keeping only those partials (folded to each argument's shape) for the
 backward rule.
 
-How the forward rule differentiates (measured, see ``bench/fuse.py``): forward mode per
-element. ``f`` is ``vmap``-ed over the broadcast elements, and for each differentiated
-argument one ``jax.jvp`` of the vmapped function pushes a tangent of ones through it. Because
-the elements are independent, that tangent *is* the column of per-element partials (a
-scalar argument, unbatched under ``vmap``, gets the partial of every element and sums them).
+How the forward rule differentiates: forward mode per element. ``f`` is ``vmap``-ed over the
+broadcast elements, and for each differentiated argument one ``jax.jvp`` of the vmapped
+function pushes a tangent of ones through it. Because the elements are independent, that
+tangent *is* the column of per-element partials (a scalar argument, unbatched under ``vmap``,
+gets the partial of every element and sums them).
 The ``jvp`` calls repeat the primal computation, but it is the same expression on the same
 inputs and XLA's common-subexpression elimination keeps one copy. How the value, the
 partials and the edge rule are then split into passes over memory is steered by what ``f``
@@ -20,9 +20,8 @@ does per element (plain arithmetic, transcendental functions, its own selects): 
 mode per element (``vmap(value_and_grad(f))``), traces a backward sweep through every
 ``where`` of ``f``: where the unselected branch has an infinite derivative (``log x`` at
 ``x = 0``, guarded by ``where``), reverse mode multiplies it by a zero cotangent and gets
-NaN, forward mode never looks at it. In ``bench/fuse.py`` the two were mostly within noise of
-each other; forward mode was up to 3x faster in some cases (Student t at N = 10^6, gamma at
-10^3) and reverse mode up to 1.4x faster in a few others, so forward mode is the rule.
+NaN, forward mode never looks at it. Otherwise the two mostly cost the same, and where they
+differ forward mode is ahead more often, so forward mode is the rule (docs/performance.md).
 
 Why this can beat plain reverse-mode autodiff of ``jnp.sum(f(...))``: reverse mode stores the
 intermediates of the forward pass and walks them back one operation at a time in separate
@@ -46,13 +45,13 @@ import functools
 import inspect
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.extend.core
 import jax.numpy as jnp
 
-from fusedlp import _checks
+from fusedlp import _checks, _xla
 from fusedlp._vjp import scaled, sum_to_shape
 
 __all__ = ("fuse",)
@@ -67,6 +66,9 @@ class _Spec:
     # "jvp" (forward mode per element, the default); for the benchmark, "grad" (reverse mode
     # per element in the rule) and "autodiff" (no rule: jnp.sum of vmap(f), plain autodiff)
     mode: str
+    # a select-free form of f for the common regime (fusedlp._xla), non-finite wherever it
+    # is not exact enough; the built-in kernels give one, user kernels do not
+    fast: Callable | None = None
 
 
 def _elementwise(spec: _Spec, arrays: Sequence[jax.Array]):
@@ -135,8 +137,24 @@ def _written_terms(fn):
     return written
 
 
+class _Primal(NamedTuple):
+    """What jax.custom_vjp's forward rule receives per argument (symbolic_zeros=True)."""
+
+    value: jax.Array
+    perturbed: bool
+
+
+def _fast_spec(spec: _Spec) -> _Spec:
+    return dataclasses.replace(spec, f=spec.fast, fast=None)
+
+
 def _fused_value(spec: _Spec, *arrays):
     """The summed value; undecorated, it is also the "autodiff" mode (no custom rule)."""
+    if spec.fast is not None and spec.mode == "jvp":
+        shape = jnp.broadcast_shapes(*(a.shape for a in arrays))
+        return _xla.fast_or_exact(
+            math.prod(shape), functools.partial(_fused_value, _fast_spec(spec)),
+            functools.partial(_fused_value, dataclasses.replace(spec, fast=None)), *arrays)
     fn, flat, shape, batched = _elementwise(spec, arrays)
     if _written_value(spec, flat, batched, shape, arrays[0].dtype):
         return _value(_mapped(spec, flat, batched, written=True)(*flat), arrays[0].dtype)
@@ -164,7 +182,7 @@ def _edge_rule(v: jax.Array, d: jax.Array) -> jax.Array:
 
 
 # How the forward rule is laid out above the small sizes depends on what f does per element
-# (measured with bench/fuse.py, jax 0.10.2 on XLA:CPU; see _fused_fwd). XLA:CPU hands a
+# (XLA:CPU; see _fused_fwd, and docs/performance.md for the timings). XLA:CPU hands a
 # reduction to its fast kernel (YNNPACK), but first writes out every per-element select
 # that feeds it as a temporary array (a select-laden sum is no fast reduction); it runs an
 # elementwise loop that writes an array on all cores, fast for arithmetic and slow for a
@@ -174,8 +192,8 @@ def _edge_rule(v: jax.Array, d: jax.Array) -> jax.Array:
 # * "exact": f selects per element (jnp.where, comparisons, min/max: its own edge verdicts).
 #   Its selects are written out as temporary arrays before any fast reduction (see
 #   _DIRECT_MAX), so the forward rule is one exact pass, value, partials and edge rule
-#   together, at every N (gamma, negative binomial, Bernoulli and binomial logit: up to
-#   2.2x faster than the conditional layout below).
+#   together, at every N (gamma, negative binomial, Bernoulli and binomial logit: ahead of
+#   the conditional layout below, which would write the selects out; docs/performance.md).
 # * "columns": f is plain arithmetic per element (the normal with a scalar scale). Above
 #   _SMALL_ARITHMETIC each output is formed in a computation of its own (a lax.cond: XLA
 #   neither fuses nor shares across one): the elementwise values, and per differentiated
@@ -189,13 +207,12 @@ def _edge_rule(v: jax.Array, d: jax.Array) -> jax.Array:
 # XLA:CPU's vectorised reduction takes the transcendental work, and each of f's per-element
 # selects is written out first as a temporary array of N elements (gamma: four); glibc's
 # malloc serves blocks above 32 MiB with a fresh mmap, whose pages fault on first touch on
-# every call. Measured (bench/fuse.py's workloads): up to 10^6 float64 elements the direct
-# sum was 1.0-2.9x faster than the written terms (gamma most, Bernoulli and binomial logit
-# 1.0-1.2x, the negative binomial even); at 2 * 10^6 gamma's took 3.2x longer. In float32,
-# where the transcendental work is cheaper, gamma's direct sum was 0.6-0.9x of the written
-# terms' speed from 10^5.
+# every call. So the direct sum wins (or ties) while those temporaries stay below that size
+# and loses once they fault in fresh pages; in float32, where the transcendental work is
+# cheaper, the written terms win from about 10^5 elements (docs/performance.md).
 #
-# Up to the thresholds the exact pass runs directly: a lax.cond costs a few microseconds.
+# Up to the thresholds the exact pass runs directly: a lax.cond's fixed cost outweighs what
+# it would save (docs/performance.md).
 _SMALL = 2048
 _SMALL_ARITHMETIC = 16384
 _DIRECT_MAX = 2**20
@@ -280,9 +297,27 @@ def _fold(d, a, batched_i, shape):
 
 
 def _fused_fwd(spec: _Spec, *args):
+    if spec.fast is not None and spec.mode == "jvp":
+        # The select-free form's value and partials (its "cond" layout without the
+        # conditional: finite means no edge), or, if its sum is not finite, f's exact pass.
+        n = math.prod(jnp.broadcast_shapes(*(a.value.shape for a in args)))
+        perturbed = [a.perturbed for a in args]
+
+        def run(spec, force_exact, *arrays):  # the primals again, from plain arrays
+            return _fused_fwd_plain(spec, *map(_Primal, arrays, perturbed),
+                                    force_exact=force_exact)
+
+        return _xla.fast_or_exact(
+            n, functools.partial(run, _fast_spec(spec), False),
+            functools.partial(run, dataclasses.replace(spec, fast=None), True),
+            *(a.value for a in args))
+    return _fused_fwd_plain(spec, *args)
+
+
+def _fused_fwd_plain(spec: _Spec, *args, force_exact: bool = False):
     # The partials need the edge rule (zero where f = -inf, NaN where f is NaN), which needs
-    # f's value per element in the partials' loop. Three layouts (_layout; measured in
-    # bench/fuse.py), the exact pass below the size thresholds for all of them:
+    # f's value per element in the partials' loop. Three layouts (_layout; timings in
+    # docs/performance.md), the exact pass below the size thresholds for all of them:
     # * "cond" (transcendental f with arithmetic verdicts): the value is one select-free
     #   reduction, which XLA:CPU runs fast even with a log in it, while a log in a loop that
     #   writes an array is slow. If the summed value is finite, no element is -inf or NaN and
@@ -333,7 +368,7 @@ def _fused_fwd(spec: _Spec, *args):
         return branch
 
     layout, limit = _layout(spec, flat, batched)
-    if math.prod(shape) <= limit:
+    if force_exact or math.prod(shape) <= limit:
         v, ds = _partials(spec, fn, flat, batched, idx, with_value=True)
         value = _value(v, dtype)
         grads = folded({i: _edge_rule(v, d) for i, d in ds.items()})
@@ -382,7 +417,6 @@ def fuse(
     *,
     data: Sequence[str | int] = (),
     name: str | None = None,
-    _mode: str = "jvp",
 ) -> Any:
     r"""Make a summed log-density kernel with a fused gradient from a one-element function.
 
@@ -421,27 +455,25 @@ def fuse(
     ``jnp.where``); forward mode never differentiates the branch a ``where`` did not select,
     so no double-``where`` trick is needed for the gradient.
 
-    When it helps, and when it does not (``bench/fuse.py``, 2-core AMD EPYC, float64; see
-    the README for the table):
+    When it helps, and when it does not (the timings are in docs/performance.md):
 
-    * It helps when the partials of several arguments share work (value and gradient from
-      N = 10^4): ``student_t_lpdf`` (df, loc, scale differentiated) is 1.3-3.5x faster than
-      autodiff of ``jax.scipy.stats.t.logpdf`` and 1.4-3.5x faster than autodiff of its
-      own ``f``; ``binomial_logit_lpmf`` 2.0-3.5x faster than autodiff of
-      ``jax.scipy.stats``, ``bernoulli_logit_lpmf`` 1.1-1.6x, the negative binomial
-      1.1-1.2x; the fuse-built normal (vector ``loc``, scalar ``scale``) 1.3-1.8x faster
-      than autodiff of its own ``f``.
+    * It helps when the partials of several arguments share work (value and gradient of
+      large inputs): the value and every partial come out of one pass over the data, where
+      autodiff walks its stored intermediates back in passes of its own. So
+      ``student_t_lpdf`` (df, loc, scale differentiated) and the logit and negative binomial
+      kernels beat autodiff of ``jax.scipy.stats`` (Student t and binomial logit most), and
+      ``student_t_lpdf`` and the fuse-built normal (vector ``loc``, scalar ``scale``) beat
+      autodiff of their own ``f``.
     * It is about even with plain autodiff of the same ``f`` where autodiff's own passes are
-      already few and cheap: ``gamma_lpdf``, the logit kernels from N = 10^4 (0.75-1.2x
-      over three runs; two copies of one compiled program timed in the same run came out
-      0.75-1.16x apart on this machine). How the forward rule is split into passes depends on
+      already few and cheap: ``gamma_lpdf``, the logit kernels at larger N (the differences
+      are within run-to-run noise). How the forward rule is split into passes depends on
       what ``f`` does per element (plain arithmetic; transcendental functions with
       arithmetic verdicts; its own selects: see ``_layout``), because XLA:CPU runs a
       select-free reduction fast, a ``log``/``exp``/``lgamma`` inside a loop that writes an
       array slowly, and writes out every subexpression two passes share.
-    * At N <= 10^3 both are dominated by a few microseconds of call overhead. A hand-written
-      rule (like :func:`fusedlp.normal_lpdf`) can still win by using algebra ``fuse``
-      cannot see, e.g. summing ``z`` and ``z**2`` once for a scalar ``scale``.
+    * At small N both are dominated by fixed call overhead. A hand-written rule (like
+      :func:`fusedlp.normal_lpdf`) can still win by using algebra ``fuse`` cannot see, e.g.
+      summing ``z`` and ``z**2`` once for a scalar ``scale``.
 
     Args:
       f: the one-element log-density, ``f(x, *params, **options) -> scalar``. It is
@@ -469,10 +501,29 @@ def fuse(
       >>> round(float(value), 4), float(dscale)  # d/dscale = sum(|x - loc| - scale) / scale**2
       (-4.3863, 1.0)
     """
-    if _mode not in ("jvp", "grad", "autodiff"):
-        raise ValueError(f"fuse: unknown mode {_mode!r}")
     if f is None:
-        return functools.partial(fuse, data=data, name=name, _mode=_mode)
+        return functools.partial(fuse, data=data, name=name)
+    return kernel(f, data=data, name=name)
+
+
+def kernel(
+    f: Callable,
+    *,
+    data: Sequence[str | int] = (),
+    name: str | None = None,
+    fast: Callable | None = None,
+    mode: str = "jvp",
+) -> Callable:
+    """`fuse`, with the options the built-in kernels and the benchmark use.
+
+    ``fast``: a select-free form of ``f`` with the same signature (fusedlp._xla), exact in
+    the common regime and not finite anywhere else; above ``_xla.SMALL`` elements its sum
+    and partials are used whenever that sum is finite, ``f``'s exact pass otherwise.
+    ``mode``: "jvp" (fuse's rule); for the benchmark, "grad" (reverse mode per element in
+    the rule) and "autodiff" (no rule: jnp.sum of vmap(f), plain autodiff).
+    """
+    if mode not in ("jvp", "grad", "autodiff"):
+        raise ValueError(f"fuse: unknown mode {mode!r}")
     if not callable(f):
         raise TypeError(f"fuse: expected a callable, got {type(f).__name__}")
     fn_name = name or getattr(f, "__name__", "fused")
@@ -520,10 +571,10 @@ def fuse(
             got = getattr(out, "shape", type(out).__name__)
             raise ValueError(f"{fn_name}: the element function must return a scalar for "
                              f"scalar arguments, got {got}")
-        spec = _Spec(elem, nondiff, _mode)
+        fast_elem = (functools.partial(fast, **options) if options else fast) if fast else None
+        spec = _Spec(elem, nondiff, mode, fast_elem)
         # "autodiff", the benchmark's reference: the same sum, no custom rule
-        value = _fused_value if _mode == "autodiff" else _fused
+        value = _fused_value if mode == "autodiff" else _fused
         return value(spec, *(a.astype(dt) for a in arrays))
 
-    g.__wrapped_element__ = f  # the one-element function, for reference formulas and tests
     return g

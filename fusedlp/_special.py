@@ -26,6 +26,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fusedlp import _xla
+
 HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 
 # stirlerr(n) for n = 0, 1, ..., 15, to 20 digits (mpmath); stirlerr(0) = 0 by convention
@@ -64,9 +66,14 @@ def _horner(coefficients, w):
     return out
 
 
-def stirling_series(n):
-    """sum_j S_j / n^(2j+1), as many terms as the dtype needs (n > SERIES_FROM)."""
-    terms = _STIRLING_S if _wide(n.dtype) else _STIRLING_S[:5]
+def stirling_series(n, above=SERIES_FROM):
+    """sum_j S_j / n^(2j+1) for n > ``above``, as many terms as the dtype needs there (at
+    n > 16: 8 terms reach float64's eps for the value and its derivative, float32 3)."""
+    wide = _wide(n.dtype)
+    if above >= STIRLERR_TABLE_SIZE:
+        terms = _STIRLING_S[:8] if wide else _STIRLING_S[:3]
+    else:
+        terms = _STIRLING_S if wide else _STIRLING_S[:5]
     r = 1.0 / n
     return r * _horner(terms, r * r)
 
@@ -78,12 +85,41 @@ def stirlerr_table(k):
     return lookup(table, jnp.clip(k, 0, STIRLERR_TABLE_SIZE - 1).astype(jnp.int32))
 
 
+def log_stirling_scale_table(k):
+    """stirlerr(k) + log(2 pi k) / 2 = log k! - k log k + k from one table, for
+    integer-valued 1 <= k < 16 (larger k read the last entry)."""
+    table = _STIRLERR_TABLE + np.r_[0.0, 0.5 * np.log(2 * np.pi * np.arange(1, 16))]
+    return lookup(jnp.asarray(table, dtype=k.dtype),
+                  jnp.clip(k, 0, STIRLERR_TABLE_SIZE - 1).astype(jnp.int32))
+
+
 def stirlerr_int(k):
     """stirlerr(k) for integer-valued k >= 1 (any float dtype): a table below 16, else the
     series. No lgamma: the cheap form for counts."""
     small = k < STIRLERR_TABLE_SIZE
     return jnp.where(small, stirlerr_table(k),
                      stirling_series(jnp.where(small, STIRLERR_TABLE_SIZE, k)))
+
+
+def stirlerr_int_fast(k):
+    """`stirlerr_int` for integer-valued k >= 1 without a select or a gather (XLA:CPU
+    writes either out as an array ahead of a reduction; fusedlp._xla): the table's entries
+    below 7, each times the exact indicator max(0, 1 - |k - j|), plus the series from 7."""
+    small = sum(float(_STIRLERR_TABLE[j]) * jnp.maximum(0.0, 1.0 - jnp.abs(k - j))
+                for j in range(1, int(SERIES_FROM)))
+    above = _xla.step(k - (SERIES_FROM - 0.5))
+    return small + above * stirling_series(jnp.maximum(k, SERIES_FROM))
+
+
+def stirlerr_fast(n):
+    """`stirlerr` for real n > 0 without a select (fusedlp._xla): the series from 7, below
+    it R's single lgamma form lgamma(n + 1) - (n + 1/2) log n + n - log(2 pi)/2, blended
+    by an exact mask; each branch's input is moved where it is harmless when not taken."""
+    big = _xla.step(n - SERIES_FROM)
+    small = 1.0 - big
+    s = n * small + big  # 1 where the series is taken
+    lg = jax.scipy.special.gammaln(s + 1.0) - (s + 0.5) * jnp.log(s) + s - HALF_LOG_2PI
+    return big * stirling_series(n + small * SERIES_FROM) + small * lg
 
 
 def stirlerr(n):
@@ -137,19 +173,41 @@ def bd0(x, m, diff=None, log_m=None):
     return jnp.where(near, series, far)
 
 
-def log1pmx(x):
-    """log(1 + x) - x for x > -1, without cancellation near 0.
+def bd0_fast(x, m, diff=None):
+    """`bd0` for x > 0 without a select (see fusedlp._xla): the series and the direct form,
+    both computed, blended by an exact 0/1 mask. The series is finite for every
+    |v| <= 1, and the direct form for every x, m > 0 whose ratio neither over- nor
+    underflows; where it does, the result is not finite (inf or NaN), and the caller's
+    exact pass takes over.
+    """
+    d = x - m if diff is None else diff
+    v = ratio(d, x + m)
+    w = v * v
+    terms = 8 if _wide(x.dtype) else 4
+    coeffs = tuple(1.0 / (2 * j + 1) for j in range(1, terms + 1))
+    series = d * v + 2.0 * x * v * w * _horner(coeffs, w)
+    far = _xla.step(jnp.abs(v) - _BD0_SERIES_BELOW)
+    direct = x * jnp.log(ratio(x, m)) - d
+    return far * direct + (1.0 - far) * series
 
-    For |x| < 1/4, with v = x / (2 + x) (so log1p(x) = 2 atanh(v)):
+
+def log1pmx_series(x):
+    """log(1 + x) - x by its series, accurate for |x| < 1/4 and finite for every x >= 0.
+
+    With v = x / (2 + x) (so log1p(x) = 2 atanh(v)):
     log1p(x) - x = -2 v^2 / (1 - v) + 2 v^3 sum_{j>=0} v^(2j) / (2j + 3); no term cancels.
     """
-    near = jnp.abs(x) < 0.25
-    xn = jnp.where(near, x, 0.0)
-    v = xn / (2.0 + xn)
+    v = x / (2.0 + x)
     w = v * v
     terms = 10 if _wide(x.dtype) else 5
     coeffs = tuple(1.0 / (2 * j + 3) for j in range(terms))
-    series = -2.0 * w / (1.0 - v) + 2.0 * v * w * _horner(coeffs, w)
+    return -2.0 * w / (1.0 - v) + 2.0 * v * w * _horner(coeffs, w)
+
+
+def log1pmx(x):
+    """log(1 + x) - x for x > -1, without cancellation near 0 (the series for |x| < 1/4)."""
+    near = jnp.abs(x) < 0.25
+    series = log1pmx_series(jnp.where(near, x, 0.0))
     xf = jnp.where(near, 0.5, x)
     return jnp.where(near, series, jnp.log1p(xf) - xf)
 
@@ -203,6 +261,25 @@ def ratio(a, b):
     """a / b, whose derivative in b is -(a/b)/b rather than jax's -a b^-2: at a = 0,
     b = 1e-300 that is 0, not 0 * inf = NaN."""
     return a / b
+
+
+@jax.custom_jvp
+def xlog1p_ratio_fast(phi, mu):
+    """`xlog1p_ratio` without a select in its partials (fusedlp._xla): the two forms of
+    d/dphi blended at u = mu/phi = 1/4. Not finite where mu/phi overflows."""
+    return phi * jnp.log1p(mu / phi)
+
+
+@xlog1p_ratio_fast.defjvp
+def _xlog1p_ratio_fast_jvp(primals, tangents):
+    phi, mu = primals
+    dphi, dmu = tangents
+    u = mu / phi
+    p = 1.0 / (1.0 + u)  # phi / (phi + mu)
+    log1p_u = jnp.log1p(u)
+    far = _xla.step(u - 0.25)
+    d_phi = far * (log1p_u - (1.0 - p)) + (1.0 - far) * (log1pmx_series(u) + u * u * p)
+    return phi * log1p_u, d_phi * dphi + p * dmu
 
 
 @ratio.defjvp

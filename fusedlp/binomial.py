@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from fusedlp import _checks, _special
-from fusedlp._fuse import fuse
+from fusedlp import _checks, _special, _xla
+from fusedlp._fuse import fuse, kernel
 
 # With p = sigmoid(eta):  log p = -softplus(-eta),  log(1 - p) = -softplus(eta), and
 #
@@ -84,8 +84,36 @@ def _log_binomial_interior(k, n, eta, abs_eta, el):
             - _special.HALF_LOG_2PI - 0.5 * (jnp.log(k) + jnp.log1p(-k / n)))
 
 
+def _binomial_logit_fast(k, n, logit, *, normalized=True):
+    """`_binomial_logit_element` without a select (fusedlp._xla), for fuse's common path:
+    Loader's interior form and the k = 0 or k = n form blended by an exact mask (k and n are
+    data: min and max on them carry no tangent). Not finite for k or n off the support, a
+    non-finite logit, or n p, n q under- or overflowing (the exact pass's cases)."""
+    verdict = (_xla.nan_unless_nonneg(k) + _xla.nan_unless_nonneg(n - k)
+               + _xla.nan_unless_nonneg(jnp.floor(k) - k)
+               + _xla.nan_unless_nonneg(jnp.floor(n) - n) + jax.lax.stop_gradient(logit - logit))
+    a = jnp.abs(logit)
+    el = jnp.log1p(jnp.exp(-a))
+    log_p = -(0.5 * (a - logit) + el)
+    log_q = -(0.5 * (a + logit) + el)
+    edge = k * log_p + (n - k) * log_q
+    if not normalized:
+        return edge + verdict
+    inner = jnp.minimum(k, 1.0) * jnp.minimum(n - k, 1.0)  # 1 for 0 < k < n, else 0
+    ks = jnp.maximum(k, 1.0)
+    ms = jnp.maximum(n - k, 1.0)
+    ns = ks + ms
+    interior = (_special.stirlerr_int_fast(ns) - _special.stirlerr_int_fast(ks)
+                - _special.stirlerr_int_fast(ms)
+                - _special.bd0_fast(ks, ns * jnp.exp(log_p))
+                - _special.bd0_fast(ms, ns * jnp.exp(log_q))
+                - _special.HALF_LOG_2PI - 0.5 * (jnp.log(ks) + jnp.log1p(-ks / ns)))
+    return inner * interior + (1.0 - inner) * edge + verdict
+
+
 _bernoulli_logit = fuse(_bernoulli_logit_element, data=("y",), name="bernoulli_logit_lpmf")
-_binomial_logit = fuse(_binomial_logit_element, data=("k", "n"), name="binomial_logit_lpmf")
+_binomial_logit = kernel(_binomial_logit_element, fast=_binomial_logit_fast, data=("k", "n"),
+                         name="binomial_logit_lpmf")
 
 
 def _validate_logit(fn, logit):

@@ -8,8 +8,8 @@ import jax.scipy.special as jsp
 import numpy as np
 from jax.typing import ArrayLike
 
-from fusedlp import _checks, _special
-from fusedlp._fuse import fuse
+from fusedlp import _checks, _special, _xla
+from fusedlp._fuse import kernel
 
 # One element, shape alpha, rate beta:
 #
@@ -27,15 +27,15 @@ from fusedlp._fuse import fuse
 # below d/dx = -beta and d/dalpha = log(beta) - digamma(1)), +inf for alpha < 1 (value +inf,
 # partials as they come). alpha <= 0, beta <= 0, either non-finite, or NaN anywhere: NaN.
 #
-# Written for XLA:CPU (see fusedlp.fuse): a select *after* the log in the summed expression
-# costs about 4x the select-free sum, a select on the log's input about 1.5x, a min about
-# nothing. So x is clamped into (0, inf) before the log (the boundary term adds the x = 0
-# values), x < 0 becomes -inf through a minimum with (+-inf), and an invalid parameter adds
-# log(p) - log(p) = NaN (a constant of the parameters: no tangent). The parameter verdict
-# was sqrt(ok - 1) of a boolean ok: with the vector rate that is a per-element compare,
-# convert and sqrt, which XLA:CPU wrote out as one more temporary array for its vectorised
-# sum. The value alone took 0.4-0.6x of autodiff of jax.scipy.stats' time at N <= 10^4
-# and 0.35x at 10^6 that way; log(rate) - log(rate) reuses the value's own log(rate).
+# Written for XLA:CPU (see fusedlp.fuse), where a select in a summed expression keeps the
+# sum from being one vectorised pass: a select *after* the log costs the most, a select on
+# the log's input less, a min about nothing (docs/performance.md). So x is clamped into
+# (0, inf) before the log (the boundary term adds the x = 0 values), x < 0 becomes -inf
+# through a minimum with (+-inf), and an invalid parameter adds log(p) - log(p) = NaN (a
+# constant of the parameters: no tangent). The parameter verdict was sqrt(ok - 1) of a
+# boolean ok: with the vector rate that is a per-element compare, convert and sqrt, which
+# XLA:CPU wrote out as one more temporary array for its vectorised sum;
+# log(rate) - log(rate) reuses the value's own log(rate) and adds none.
 
 
 def _gamma_element(x, shape, rate):
@@ -66,7 +66,30 @@ def _gamma_element(x, shape, rate):
     return lp + jax.lax.stop_gradient(verdict)
 
 
-_gamma = fuse(_gamma_element, name="gamma_lpdf")
+def _gamma_fast(x, shape, rate):
+    """`_gamma_element` without a select (fusedlp._xla), for fuse's common path: the plain
+    form and Loader's, blended at shape 2 by an exact mask. Not finite for x <= 0, x = inf,
+    an invalid parameter, or rate x outside the normal numbers (the exact pass's cases)."""
+    log_rate = jnp.log(rate)
+    rx = rate * x
+
+    def plain(shape):
+        return log_rate + (shape - 1.0) * jnp.log(rx) - jsp.gammaln(shape) - rx
+
+    def loader(shape):
+        a = shape - 1.0
+        return (log_rate - _special.stirlerr(a) - _special.HALF_LOG_2PI - 0.5 * jnp.log(a)
+                - _special.bd0_fast(a, rx))
+
+    # A scalar shape stays unbatched under fuse's vmap, and the cond picks one form for all
+    # elements; a per-element shape turns it into a select of both (each finite there).
+    lp = jax.lax.cond(shape > 2.0, loader, plain, shape)
+    verdict = (log_rate - log_rate) + _xla.nan_unless_nonneg(shape) + _xla.nan_unless_nonneg(
+        rx - jnp.finfo(rx.dtype).tiny)
+    return lp + jax.lax.stop_gradient(verdict)
+
+
+_gamma = kernel(_gamma_element, fast=_gamma_fast, name="gamma_lpdf")
 
 
 def gamma_lpdf(

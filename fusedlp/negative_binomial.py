@@ -8,8 +8,8 @@ import jax.scipy.special as jsp
 import numpy as np
 from jax.typing import ArrayLike
 
-from fusedlp import _checks, _special
-from fusedlp._fuse import fuse
+from fusedlp import _checks, _special, _xla
+from fusedlp._fuse import kernel
 
 # The over-dispersed count model (Stan's neg_binomial_2): mean mu, concentration phi,
 # variance mu + mu^2 / phi; scipy's nbinom(n = phi, p = phi / (mu + phi)). One element:
@@ -75,8 +75,34 @@ def _negative_binomial_element(k, mean, concentration, *, normalized=True):
     return jnp.where(ok, jnp.where(kok, lp, -jnp.inf), jnp.nan)
 
 
-_negative_binomial = fuse(_negative_binomial_element, data=("k",),
-                          name="negative_binomial_lpmf")
+def _negative_binomial_fast(k, mean, concentration, *, normalized=True):
+    """`_negative_binomial_element` without a select (fusedlp._xla), for fuse's common path:
+    the same pieces in their select-free forms, k = 0 and k > 0 blended by an exact mask (k
+    is data: min and max on it carry no tangent). Not finite for k off the support, an
+    invalid parameter, or a ratio that over- or underflows (the exact pass's cases)."""
+    mu, phi = mean, concentration
+    verdict = (_xla.nan_unless_nonneg(k) + _xla.nan_unless_nonneg(jnp.floor(k) - k)
+               + _xla.nan_unless_nonneg(mu) + jax.lax.stop_gradient(jnp.log(phi) - jnp.log(phi)))
+    at_zero = -_special.xlog1p_ratio_fast(phi, mu)
+    kp = jnp.maximum(k, 1.0)
+    positive = jnp.minimum(k, 1.0)  # 1 for a count k >= 1, 0 at k = 0
+    u = mu / phi
+    p = 1.0 / (1.0 + u)
+    s = phi + mu
+    n = phi + kp
+    # stirlerr(phi) in its exact form: a scalar phi makes its selects scalar work
+    lp = (-0.5 * jnp.log1p(kp / phi) + _special.stirlerr_fast(n) - _special.stirlerr(phi)
+          - _special.stirlerr_int_fast(kp) - _special.HALF_LOG_2PI - 0.5 * jnp.log(kp)
+          - _special.bd0_fast(phi, n * p, diff=(mu - kp) * p)
+          - _special.bd0_fast(kp, mu * (p + kp / s), diff=(kp - mu) * p))
+    lp = positive * lp + (1.0 - positive) * at_zero
+    if not normalized:
+        lp = lp + jsp.gammaln(k + 1.0)
+    return lp + verdict
+
+
+_negative_binomial = kernel(_negative_binomial_element, fast=_negative_binomial_fast,
+                            data=("k",), name="negative_binomial_lpmf")
 
 
 def negative_binomial_lpmf(

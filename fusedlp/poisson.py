@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from functools import partial
 
 import jax
@@ -9,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from fusedlp import _checks, _special
+from fusedlp import _checks, _special, _xla
 from fusedlp._vjp import scaled, sum_to_shape
 
 # Derivation (one element; the kernels sum over elements):
@@ -117,6 +118,51 @@ def _fold_partial(d, kok, param_ok, k, shape, param_shape, integer_k, invalid=No
     return sum_to_shape(jnp.broadcast_to(d, shape), param_shape)
 
 
+def _fast(normalized, integer_k, k, param, log_form, want_partial):
+    """(value, partial or None) in one select-free pass (fusedlp._xla).
+
+    The value is Loader's form for k >= 1 and -lam at k = 0, blended by an exact mask, or
+    k log(lam) - lam; the partial is k/lam - 1 or k - lam. Not finite wherever an element
+    is an edge (k off the support, an invalid or zero rate, a rate or ratio that over- or
+    underflows): there `_fast_or_exact` runs the exact pass instead. A normalized value
+    takes stirlerr(k) + log(2 pi k)/2 from one table lookup while every count is below the
+    table's end (one max over k, one lax.cond), else the blend of table and series. lam =
+    exp(eta) is formed inside each branch: an array passed into a lax.cond is written out.
+    """
+    shape = jnp.broadcast_shapes(k.shape, param.shape)
+    verdict = _xla.nan_unless_nonneg(k) + (param - param if log_form
+                                           else _xla.nan_unless_nonneg(param))
+    if not integer_k:
+        verdict = verdict + _xla.nan_unless_nonneg(jnp.floor(k) - k)  # NaN unless whole
+
+    def value(log_scale):
+        rate = jnp.exp(param) if log_form else param
+        if log_scale is None:
+            t = k * (param if log_form else jnp.log(rate)) - rate
+        else:
+            kp = jnp.maximum(k, 1.0)
+            positive = jnp.minimum(k, 1.0)  # 1 for a count k >= 1, 0 at k = 0
+            t = -log_scale(kp) - _special.bd0_fast(kp, rate)
+            t = positive * t - (1.0 - positive) * rate
+        return jnp.sum(jnp.broadcast_to(t + verdict, shape))
+
+    partial = None
+    if want_partial:  # outside the conds: an array passed out of one is written again
+        rate = jnp.exp(param) if log_form else param
+        d = k - rate if log_form else k / rate - 1.0
+        partial = sum_to_shape(jnp.broadcast_to(d, shape), param.shape)
+    if not normalized:
+        return value(None), partial
+    return value(lambda a: (_special.stirlerr_int_fast(a) + _special.HALF_LOG_2PI
+                            + 0.5 * jnp.log(a))), partial
+
+
+def _fast_or_exact(k, param, fast, exact):
+    """`fusedlp._xla.fast_or_exact` of ``fast(k, param)`` and ``exact(k, param)``."""
+    return _xla.fast_or_exact(math.prod(jnp.broadcast_shapes(k.shape, param.shape)),
+                              fast, exact, k, param)
+
+
 def _bwd(*args):
     """Backward rule of both forms (static options first): k is data and gets no cotangent."""
     *_, dparam, g = args
@@ -156,11 +202,17 @@ def _poisson_propto_int_sum(k, rate):
     return jnp.sum(jnp.minimum(t, (k + 0.5) * jnp.inf))
 
 
+def _poisson_exact_value(normalized, integer_k, k, rate):
+    return _by_stirlerr(normalized, k, lambda stirlerr: jnp.sum(
+        _poisson_terms(stirlerr, k, rate, integer_k)[0]))
+
+
 def _poisson_value(normalized, integer_k, k, rate):
     if integer_k and not normalized:
         return _poisson_propto_int_sum(k, rate)
-    return _by_stirlerr(normalized, k, lambda stirlerr: jnp.sum(
-        _poisson_terms(stirlerr, k, rate, integer_k)[0]))
+    return _fast_or_exact(
+        k, rate, lambda k, rate: _fast(normalized, integer_k, k, rate, False, False),
+        lambda k, rate: (_poisson_exact_value(normalized, integer_k, k, rate), None))[0]
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0, 1))
@@ -173,7 +225,8 @@ def _poisson_drate(integer_k, k, rate):
     # lam = 0 (no 0/0). A float k off the support (inf, say) is replaced by 0 first: its
     # partial is selected away, and a second derivative would otherwise meet inf * 0 =
     # NaN there. An invalid rate gives NaN: lam < 0 and NaN by the select, lam = inf by
-    # lam * 0 (an isfinite test instead about doubled this pass; docs/performance.md).
+    # lam * 0 (an isfinite test adds a per-element check to this pass and costs markedly
+    # more; docs/performance.md).
     shape = jnp.broadcast_shapes(k.shape, rate.shape)
     kok = _in_support(k, integer_k)
     ks = k if integer_k else jnp.where(kok, k, 0.0)
@@ -184,8 +237,18 @@ def _poisson_drate(integer_k, k, rate):
 
 def _poisson_fwd(normalized, integer_k, k, rate):
     kv, rv = k.value, rate.value
-    drate = _poisson_drate(integer_k, kv, rv) if rate.perturbed else None
-    return _poisson_value(normalized, integer_k, kv, rv), drate
+    if integer_k and not normalized:
+        drate = _poisson_drate(integer_k, kv, rv) if rate.perturbed else None
+        return _poisson_propto_int_sum(kv, rv), drate
+
+    def fast(kv, rv):
+        return _fast(normalized, integer_k, kv, rv, False, rate.perturbed)
+
+    def exact(kv, rv):
+        drate = _poisson_drate(integer_k, kv, rv) if rate.perturbed else None
+        return _poisson_exact_value(normalized, integer_k, kv, rv), drate
+
+    return _fast_or_exact(kv, rv, fast, exact)
 
 
 _poisson.defvjp(_poisson_fwd, _bwd, symbolic_zeros=True)
@@ -204,26 +267,36 @@ def _poisson_log_terms(stirlerr, integer_k, k, log_rate, rate):
     return _terms(stirlerr, k, rate, keta, _log_rate_ok(log_rate), integer_k, log_rate)
 
 
-def _poisson_log_value(normalized, integer_k, k, log_rate, rate):
+def _poisson_log_exact_value(normalized, integer_k, k, log_rate, rate):
     return _by_stirlerr(normalized, k, lambda stirlerr: jnp.sum(
         _poisson_log_terms(stirlerr, integer_k, k, log_rate, rate)[0]))
 
 
+def _poisson_log_sums(normalized, integer_k, k, log_rate, want_partial):
+    """The value and (if wanted) the partial in eta, by the fast or the exact pass."""
+    def fast(k, log_rate):
+        return _fast(normalized, integer_k, k, log_rate, True, want_partial)
+
+    def exact(k, log_rate):
+        rate = jnp.exp(log_rate)  # the value and the partial both use it
+        deta = None
+        if want_partial:
+            shape = jnp.broadcast_shapes(k.shape, log_rate.shape)
+            deta = _fold_partial(k - rate, _in_support(k, integer_k), _log_rate_ok(log_rate),
+                                 k, shape, log_rate.shape, integer_k)
+        return _poisson_log_exact_value(normalized, integer_k, k, log_rate, rate), deta
+
+    return _fast_or_exact(k, log_rate, fast, exact)
+
+
 @partial(jax.custom_vjp, nondiff_argnums=(0, 1))
 def _poisson_log(normalized, integer_k, k, log_rate):
-    return _poisson_log_value(normalized, integer_k, k, log_rate, jnp.exp(log_rate))
+    return _poisson_log_sums(normalized, integer_k, k, log_rate, False)[0]
 
 
 def _poisson_log_fwd(normalized, integer_k, k, log_rate):
-    kv, ev = k.value, log_rate.value
-    rate = jnp.exp(ev)  # the value and the partial both use it
-    value = _poisson_log_value(normalized, integer_k, kv, ev, rate)
-    deta = None
-    if log_rate.perturbed:
-        shape = jnp.broadcast_shapes(kv.shape, ev.shape)
-        deta = _fold_partial(kv - rate, _in_support(kv, integer_k), _log_rate_ok(ev), kv,
-                             shape, ev.shape, integer_k)
-    return value, deta
+    return _poisson_log_sums(normalized, integer_k, k.value, log_rate.value,
+                             log_rate.perturbed)
 
 
 _poisson_log.defvjp(_poisson_log_fwd, _bwd, symbolic_zeros=True)

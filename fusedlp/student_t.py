@@ -10,8 +10,8 @@ import jax.scipy.special as jsp
 import numpy as np
 from jax.typing import ArrayLike
 
-from fusedlp import _checks, _special
-from fusedlp._fuse import fuse
+from fusedlp import _checks, _special, _xla
+from fusedlp._fuse import kernel
 
 _HALF_LOG_PI = 0.5 * math.log(math.pi)
 
@@ -29,13 +29,13 @@ _HALF_LOG_PI = 0.5 * math.log(math.pi)
 # scalar nu, sigma or mu makes lgamma, digamma and log(sigma) scalar work, done once.
 #
 # (x - mu) is formed before scaling (float32 keeps its digits at large mu). Writing
-# u = (x - mu) * w with a scalar w = 1 / (sigma sqrt(nu)) instead of the two divisions made
-# value-only calls 1.3x faster but value-and-gradient at N = 10^6 2.4x slower (XLA:CPU lays
-# the tangent loops out differently), so the divisions stay.
+# u = (x - mu) * w with a scalar w = 1 / (sigma sqrt(nu)) instead of the two divisions sped
+# up value-only calls but slowed value-and-gradient at large N (XLA:CPU lays the tangent
+# loops out differently), so the divisions stay (docs/performance.md).
 #
 # The verdicts are arithmetic, not jnp.where: a select in the summed expression makes
 # XLA:CPU evaluate the log1p in a slow elementwise loop and materialise it before the
-# reduction (several times the cost of the select-free sum; see fusedlp.fuse). Here they come
+# reduction (much costlier than the select-free sum; docs/performance.md). Here they come
 # out of the formula: x = +-inf gives z^2 = inf, log1p(inf) = inf, a value of -inf (outside
 # the support; fuse's edge rule zeroes its partials); 0 * mu is 0 for a finite mu and NaN
 # otherwise (one multiply per element, cheaper than mu - mu and an add), sigma - sigma the same
@@ -118,7 +118,33 @@ def _student_t_element(x, df, loc, scale):
     return lp + 0.0 * loc
 
 
-_student_t = fuse(_student_t_element, name="student_t_lpdf")
+_PLAIN_DF = 14.0
+
+
+def _student_t_fast(x, df, loc, scale):
+    """`_student_t_element` without a select (fusedlp._xla), for fuse's common path: the
+    tail's series form and its plain form, blended at w = 1/4 by an exact mask. Not finite
+    for x = +-inf, an invalid parameter, or z^2 overflowing (the exact pass's cases)."""
+    z = _special.ratio(x - loc, scale)
+
+    def plain(z, df):
+        return 0.5 * (df + 1.0) * jnp.log1p(z * z / df)
+
+    def blend(z, df):
+        w = z * z / df
+        far = _xla.step(w - 0.25)
+        h = 0.5 * (df + 1.0)
+        return (far * (h * jnp.log1p(w))
+                + (1.0 - far) * (0.5 * (z * z + w) + h * _special.log1pmx_series(w)))
+
+    # Up to _PLAIN_DF the plain tail's d/dnu is within the bound (the sweep's fast-path
+    # test); a scalar df stays unbatched under fuse's vmap, so the cond picks one form.
+    tail = jax.lax.cond(df > _PLAIN_DF, blend, plain, z, df)
+    lp = _log_t_norm(df) - _HALF_LOG_PI - jnp.log(scale) + (scale - scale) - tail
+    return lp + 0.0 * loc
+
+
+_student_t = kernel(_student_t_element, fast=_student_t_fast, name="student_t_lpdf")
 
 
 def student_t_lpdf(

@@ -21,7 +21,7 @@ from _helpers import grad_primitive_counts
 from jax.test_util import check_grads
 
 import fusedlp
-from fusedlp._fuse import _arithmetic_only, _layout, _Spec
+from fusedlp._fuse import _arithmetic_only, _layout, _Spec, kernel
 
 # edge tests here compare infinities on purpose
 assert_close = functools.partial(_helpers.assert_close, require_finite=False)
@@ -217,7 +217,7 @@ def test_benchmark_modes_agree_with_the_forward_mode_rule(mode, rng, tol):
     (reverse mode per element inside the rule) and "autodiff" (the autodiff[f] reference:
     no custom rule at all, its jaxpr holds no custom_vjp call)."""
     x, loc, scale = rng.normal(size=(3, 4)), rng.normal(size=4), np.float64(1.4)
-    other = fusedlp.fuse(normal_element, _mode=mode)
+    other = kernel(normal_element, mode=mode)
     a = jax.value_and_grad(fused_normal, argnums=(0, 1, 2))(x, loc, scale)
     b = jax.value_and_grad(other, argnums=(0, 1, 2))(x, loc, scale)
     for u, w in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):

@@ -1,0 +1,72 @@
+"""The XLA idioms the kernels rely on, named once, each with the reason it exists.
+
+XLA:CPU reduces a select-free elementwise expression in one vectorised pass, but a
+reduction fed by a per-element select (``jnp.where``, a comparison turned into a number)
+runs element by element, with every transcendental function in it scalar: several times
+slower (docs/performance.md has the measurements). So a kernel's common path is written
+without selects, and everything a select would decide (edges, invalid parameters, corner
+regimes where the fast form loses accuracy) is made to show up as a non-finite sum; only
+then a second, exact pass with selects runs (`fast_or_exact`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+# Up to this many elements the exact pass runs directly: a lax.cond costs more than the
+# select-free pass would save.
+SMALL = 2048
+
+
+def nan_unless_nonneg(a):
+    """0 where ``a >= 0`` and finite, NaN where ``a < 0``, ``a = inf`` or NaN: a parameter
+    verdict in arithmetic (no select). Its derivative is never taken."""
+    a = jax.lax.stop_gradient(a)
+    return jnp.sqrt(a) - jnp.sqrt(a)
+
+
+def step(a):
+    """1 where ``a > 0``, 0 where ``a < 0`` (1/2 at 0, NaN stays NaN), in arithmetic: a
+    mask for blending two branches as ``m * f + (1 - m) * g``, exact for m in {0, 1} and
+    finite f, g (callers switch where both forms are accurate, so the tie is harmless).
+    Constant pieces: its derivative is zero."""
+    # Not clip, nor min(max(.)), which XLA turns into a clamp: XLA:CPU writes a clamp
+    # feeding a reduction out as an array.
+    return jax.lax.stop_gradient(0.5 + 0.5 * jnp.sign(a))
+
+
+def fast_or_exact(n: int, fast: Callable, exact: Callable, *arrays):
+    """``fast(*arrays)`` if all its outputs are finite, else ``exact(*arrays)`` (a lax.cond).
+
+    ``fast`` is the select-free common path (a summed value and its partials): it must give
+    a non-finite output whenever any element is an edge or outside the regime where it is
+    accurate. ``exact`` handles every input. Up to `SMALL` elements ``exact`` runs alone;
+    under ``vmap`` the cond becomes a select and both run (the same values).
+
+    The fast pass runs once, ahead of the cond that passes its result on. Differentiated
+    (only second derivatives, `fusedlp.hessian`, differentiate a forward rule), it is
+    formed again inside the taken branch: otherwise the zero cotangent of an untaken fast
+    pass would meet its infinite local derivatives at an edge element (0 * inf = NaN).
+    """
+    if n <= SMALL:
+        return exact(*arrays)
+
+    def finite(out):
+        return jnp.isfinite(sum(jnp.sum(leaf) for leaf in jax.tree.leaves(out)))
+
+    @jax.custom_jvp
+    def pick(*a):
+        out = fast(*a)
+        return jax.lax.cond(finite(out), lambda: out, lambda: exact(*a))
+
+    @pick.defjvp
+    def _pick_jvp(primals, tangents):
+        def branches(*a):
+            ok = finite(jax.lax.stop_gradient(fast(*a)))
+            return jax.lax.cond(ok, lambda: fast(*a), lambda: exact(*a))
+        return jax.jvp(branches, primals, tangents)
+
+    return pick(*arrays)

@@ -1,0 +1,121 @@
+"""What the kernels' layouts promise about their compiled programs, asserted on the
+optimised HLO (deterministic: no timing). These keep the speed after a change of spelling
+or a jax upgrade; see fusedlp._xla for why each promise matters on XLA:CPU.
+
+* The select-free forms (fusedlp._xla) hold no per-element select, clamp or gather: XLA:CPU
+  reduces such an expression in one vectorised pass, but runs a select-laden one element by
+  element and writes a clamp or a gather out as an array first.
+* The normal kernel's value-and-gradient with a vector ``loc`` and a scalar ``scale`` writes
+  one N-sized array, the gradient: the value's ``x + (-loc)`` and the partial's ``x - loc``
+  are spelled apart so that XLA does not share (and write out) one array for both.
+"""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fusedlp
+from fusedlp import _special, binomial, gamma, negative_binomial, poisson, student_t
+
+N = 4099  # a size no other array in these programs has
+
+
+def _optimised_hlo(fn, *args) -> str:
+    return jax.jit(fn).lower(*args).compile().as_text()
+
+
+def _per_element_ops(hlo: str, ops=("select", "clamp", "gather")) -> list[str]:
+    """Instructions of ``hlo`` that apply one of ``ops`` to N-element arrays."""
+    pattern = re.compile(rf"=\s*\w+\[{N}\][^=]*?\s({'|'.join(ops)})\(")
+    return [line.strip()[:120] for line in hlo.splitlines() if pattern.search(line)]
+
+
+def _data(rng):
+    k = rng.poisson(3.0, N).astype(np.float64)
+    return {"k": k, "n": k + rng.integers(0, 5, N), "x": rng.gamma(2.0, 1.0, N) + 0.1}
+
+
+def _fast_sums(rng):
+    """name -> (f(param), param): the sum of a kernel's select-free form and its gradient."""
+    d = _data(rng)
+
+    def vsum(el, *args):
+        args = [jnp.asarray(a, jnp.float64) for a in args]
+        axes = tuple(0 if np.ndim(a) else None for a in args)
+        return jnp.sum(jax.vmap(el, in_axes=axes)(*args))
+
+    return {
+        "bd0": (lambda m: jnp.sum(_special.bd0_fast(d["x"], m)), np.float64(2.0)),
+        "stirlerr_int": (lambda m: jnp.sum(m * _special.stirlerr_int_fast(d["k"] + 1.0)),
+                         np.float64(1.0)),
+        "poisson": (lambda r: poisson._fast(True, False, d["k"], r, False, True)[0],
+                    np.float64(2.5)),
+        "poisson_log": (lambda e: poisson._fast(True, False, d["k"], e, True, True)[0],
+                        np.float64(0.5)),
+        "gamma": (lambda b: vsum(gamma._gamma_fast, d["x"], 2.5, b), np.float64(1.5)),
+        "student_t": (lambda s: vsum(student_t._student_t_fast, d["x"], 5.0, 0.3, s),
+                      np.float64(1.3)),
+        "negative_binomial": (lambda m: vsum(negative_binomial._negative_binomial_fast,
+                                             d["k"], m, 2.5), np.float64(3.0)),
+        "binomial_logit": (lambda e: vsum(binomial._binomial_logit_fast, d["k"], d["n"], e),
+                           np.float64(0.2)),
+    }
+
+
+@pytest.mark.parametrize("name", ["bd0", "stirlerr_int", "poisson", "poisson_log", "gamma",
+                                  "student_t", "negative_binomial", "binomial_logit"])
+@pytest.mark.parametrize("order", ["value", "value_and_grad"])
+def test_fast_forms_hold_no_per_element_select(name, order, rng):
+    f, p = _fast_sums(rng)[name]
+    fn = f if order == "value" else jax.value_and_grad(f)
+    found = _per_element_ops(_optimised_hlo(fn, p))
+    assert not found, f"{name} {order}: per-element select/clamp/gather:\n" + "\n".join(found)
+
+
+def test_the_check_sees_a_per_element_select(rng):
+    """The HLO check above can fail: a jnp.where over the elements is found."""
+    x = _data(rng)["x"]
+    assert _per_element_ops(_optimised_hlo(lambda m: jnp.sum(jnp.where(x > m, x, m)), 1.0))
+
+
+def _arrays_written(fn, *args, n: int) -> int:
+    """How many loops of the optimised program write an n-element array (fusions and
+    library calls whose result holds one): each is a pass that writes n elements."""
+    hlo = _optimised_hlo(fn, *args)
+    pattern = re.compile(rf"=\s*\(?[^=]*\[{n}\][^=]*\s(fusion|custom-call)\(")
+    return sum(1 for line in hlo.splitlines() if pattern.search(line))
+
+
+def test_normal_value_and_gradient_writes_only_the_gradient(rng):
+    """Vector loc, scalar scale, N above the normal kernel's small-size threshold, data as
+    jit arguments: the one N-sized array written is the gradient. Spelling the value's
+    x + (-loc) as x - loc (shared with the partial's) makes XLA write (x - loc) out first."""
+    n = 100_003
+    fn = jax.value_and_grad(lambda loc, x: fusedlp.normal_lpdf(x, loc, 1.3))
+    assert _arrays_written(fn, np.zeros(n), rng.normal(size=n), n=n) == 1
+
+
+def test_the_count_sees_a_shared_array(rng):
+    """The count above can fail: an array shared by a reduction and an output is written."""
+    n = 100_003
+
+    def f(a):
+        e = jnp.exp(a)
+        return jnp.sum(jnp.log1p(e)), e * 2.0
+
+    assert _arrays_written(f, rng.normal(size=n), n=n) >= 1
+
+
+@pytest.mark.xfail(strict=True, reason="issue 15, not met: XLA:CPU writes two N-sized arrays "
+                   "for these pure reductions (data as jit arguments)")
+@pytest.mark.parametrize("argnums", [(1,), (2,), (1, 2)])
+def test_normal_with_scalar_parameters_writes_no_array(argnums, rng):
+    """Scalar loc and scale: every partial is a reduction, so no N-sized array at all."""
+    n = 100_003
+    fn = jax.value_and_grad(fusedlp.normal_lpdf, argnums=argnums)
+    assert _arrays_written(fn, rng.normal(size=n), np.float64(0.1), np.float64(1.3), n=n) == 0
