@@ -547,13 +547,13 @@ def fit(
     in a ``vmap`` batch does the same work), and backtracks from the full step by halving
     until the objective is finite and rises by Armijo's condition (at most 30 halvings; a
     step that does not improve the objective is not taken, except where the rise Newton
-    predicts is below the objective's rounding and values cannot rank the points). Its steps do not depend on
-    the parameters' units, so badly scaled GLMs converge in a handful of steps, as IRLS
-    does. optax's backtracking line search is not used: it keeps its last, possibly
-    non-improving step when it runs out of halvings, and its stored gradient needs forward
-    mode, which fusedlp kernels do not have. ``"lbfgs"`` (the default above
-    :data:`NEWTON_MAX_PARAMS`): ``optax.lbfgs()``, see :func:`default_optimizer`. Or any
-    optax ``GradientTransformation``.
+    predicts is below the objective's rounding and values cannot rank the points). Its
+    steps do not depend on the parameters' units, so badly scaled GLMs converge in a
+    handful of steps, as IRLS does. optax's backtracking line search is not used: it keeps
+    its last, possibly non-improving step when it runs out of halvings, and its stored
+    gradient needs forward mode, which fusedlp kernels do not have. ``"lbfgs"`` (the default
+    above :data:`NEWTON_MAX_PARAMS`): ``optax.lbfgs()``, see :func:`default_optimizer`. Or
+    any optax ``GradientTransformation``.
 
     **What CONVERGED promises.** Checked at ``init_params`` and after every step, at the
     returned ``params``, whose objective and gradient are finite. With ``"newton"``: the

@@ -43,7 +43,7 @@ _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 
 
 # Up to this many elements the exact (select) pass is run directly: the data sit in cache,
-# and a lax.cond costs more (about a microsecond on CPU) than the pass it would skip.
+# and a lax.cond's fixed cost is more than the pass it would skip (docs/performance.md).
 _SMALL = 8192
 
 

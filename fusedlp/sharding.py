@@ -170,7 +170,7 @@ def shard(
     replicated = NamedSharding(mesh, P())
 
     leaves, treedef = jax.tree_util.tree_flatten_with_path(data)
-    is_array = lambda x: isinstance(x, (jax.Array, np.ndarray, np.generic))
+    is_array = lambda x: isinstance(x, (jax.Array, np.ndarray, np.generic))  # noqa: E731
     lengths = {jax.tree_util.keystr(path): np.shape(x)[axis] for path, x in leaves
                if is_array(x) and np.ndim(x) > axis}
     if pad:
