@@ -85,14 +85,6 @@ def stirlerr_table(k):
     return lookup(table, jnp.clip(k, 0, STIRLERR_TABLE_SIZE - 1).astype(jnp.int32))
 
 
-def log_stirling_scale_table(k):
-    """stirlerr(k) + log(2 pi k) / 2 = log k! - k log k + k from one table, for
-    integer-valued 1 <= k < 16 (larger k read the last entry)."""
-    table = _STIRLERR_TABLE + np.r_[0.0, 0.5 * np.log(2 * np.pi * np.arange(1, 16))]
-    return lookup(jnp.asarray(table, dtype=k.dtype),
-                  jnp.clip(k, 0, STIRLERR_TABLE_SIZE - 1).astype(jnp.int32))
-
-
 def stirlerr_int(k):
     """stirlerr(k) for integer-valued k >= 1 (any float dtype): a table below 16, else the
     series. No lgamma: the cheap form for counts."""

@@ -29,13 +29,12 @@ def nan_unless_nonneg(a):
 
 
 def step(a):
-    """1 where ``a > 0``, 0 where ``a < 0`` (1/2 at 0, NaN stays NaN), in arithmetic: a
-    mask for blending two branches as ``m * f + (1 - m) * g``, exact for m in {0, 1} and
-    finite f, g (callers switch where both forms are accurate, so the tie is harmless).
-    Constant pieces: its derivative is zero."""
+    """1 where ``a > 0``, 0 where ``a <= 0`` (NaN stays NaN), in arithmetic: a mask for
+    blending two branches as ``m * f + (1 - m) * g``, exact for m in {0, 1} and finite f,
+    g. Constant pieces: its derivative is zero."""
     # Not clip, nor min(max(.)), which XLA turns into a clamp: XLA:CPU writes a clamp
-    # feeding a reduction out as an array.
-    return jax.lax.stop_gradient(0.5 + 0.5 * jnp.sign(a))
+    # feeding a reduction out as an array. floor(1/2) = 0 at a = 0: never a mask of 1/2.
+    return jax.lax.stop_gradient(jnp.floor(0.5 + 0.5 * jnp.sign(a)))
 
 
 def fast_or_exact(n: int, fast: Callable, exact: Callable, *arrays):

@@ -124,37 +124,27 @@ def _fast(normalized, integer_k, k, param, log_form, want_partial):
     The value is Loader's form for k >= 1 and -lam at k = 0, blended by an exact mask, or
     k log(lam) - lam; the partial is k/lam - 1 or k - lam. Not finite wherever an element
     is an edge (k off the support, an invalid or zero rate, a rate or ratio that over- or
-    underflows): there `_fast_or_exact` runs the exact pass instead. A normalized value
-    takes stirlerr(k) + log(2 pi k)/2 from one table lookup while every count is below the
-    table's end (one max over k, one lax.cond), else the blend of table and series. lam =
-    exp(eta) is formed inside each branch: an array passed into a lax.cond is written out.
+    underflows): there `_fast_or_exact` runs the exact pass instead.
     """
     shape = jnp.broadcast_shapes(k.shape, param.shape)
     verdict = _xla.nan_unless_nonneg(k) + (param - param if log_form
                                            else _xla.nan_unless_nonneg(param))
     if not integer_k:
         verdict = verdict + _xla.nan_unless_nonneg(jnp.floor(k) - k)  # NaN unless whole
-
-    def value(log_scale):
-        rate = jnp.exp(param) if log_form else param
-        if log_scale is None:
-            t = k * (param if log_form else jnp.log(rate)) - rate
-        else:
-            kp = jnp.maximum(k, 1.0)
-            positive = jnp.minimum(k, 1.0)  # 1 for a count k >= 1, 0 at k = 0
-            t = -log_scale(kp) - _special.bd0_fast(kp, rate)
-            t = positive * t - (1.0 - positive) * rate
-        return jnp.sum(jnp.broadcast_to(t + verdict, shape))
-
-    partial = None
-    if want_partial:  # outside the conds: an array passed out of one is written again
-        rate = jnp.exp(param) if log_form else param
-        d = k - rate if log_form else k / rate - 1.0
-        partial = sum_to_shape(jnp.broadcast_to(d, shape), param.shape)
-    if not normalized:
-        return value(None), partial
-    return value(lambda a: (_special.stirlerr_int_fast(a) + _special.HALF_LOG_2PI
-                            + 0.5 * jnp.log(a))), partial
+    rate = jnp.exp(param) if log_form else param
+    if normalized:
+        kp = jnp.maximum(k, 1.0)
+        positive = jnp.minimum(k, 1.0)  # 1 for a count k >= 1, 0 at k = 0
+        t = -(_special.stirlerr_int_fast(kp) + _special.HALF_LOG_2PI + 0.5 * jnp.log(kp)
+              + _special.bd0_fast(kp, rate))
+        t = positive * t - (1.0 - positive) * rate
+    else:
+        t = k * (param if log_form else jnp.log(rate)) - rate
+    value = jnp.sum(jnp.broadcast_to(t + verdict, shape))
+    if not want_partial:
+        return value, None
+    d = k - rate if log_form else k / rate - 1.0
+    return value, sum_to_shape(jnp.broadcast_to(d, shape), param.shape)
 
 
 def _fast_or_exact(k, param, fast, exact):

@@ -277,3 +277,37 @@ def test_fast_path_within_the_bound_or_the_exact_passs_error(case):
         f"{kernel} {dtype} {quantity}: fast path error/(eps*max(1,cond)) = {r_fast[i]:.3g} "
         f"(exact pass {r_exact[i]:.3g}) at {_point(table, i)}: got {got[i]!r}, "
         f"exact pass {old[i]!r}, expected {ref[i]!r}; {int(bad.sum())} points")
+
+
+# Points exactly at a fast form's switch (a blend mask's threshold), which a log-scale grid
+# does not hit: there the mask must be exactly 0 or 1 and each branch see its own input.
+SWITCH_POINTS = [
+    ("poisson_lpmf", (11, 9.0)),  # bd0: |v| = |k - lam| / (k + lam) = 0.1
+    ("poisson_lpmf", (7, 5.0)),  # stirlerr_int: table below 7, series from 7
+    ("poisson_log_lpmf", (11, math.log(9.0))),
+    ("negative_binomial_lpmf", (5, 2.2, 2.0)),  # stirlerr(k + phi) at k + phi = 7
+    ("negative_binomial_lpmf", (0, 0.5, 2.0)),  # d/dphi of phi log1p(mu/phi) at mu/phi = 1/4
+    ("student_t_lpdf", (2.0, 16.0, 0.0, 1.0)),  # the tail at w = z^2 / df = 1/4
+    ("gamma_lpdf", (1.5, 2.0, 1.3)),  # shape = 2: the plain form and Loader's meet
+    ("binomial_logit_lpmf", (7, 14, 0.3)),  # stirlerr_int(n - k) at 7, bd0 near 0.1
+]
+
+
+@pytest.mark.parametrize("kernel,point", SWITCH_POINTS, ids=lambda v: str(v))
+def test_fast_path_at_its_switch_points(kernel, point):
+    from fusedlp import _xla
+
+    fn = getattr(fusedlp, kernel)
+    argnums = tuple(i for i, a in enumerate(point) if isinstance(a, float))
+
+    def run():
+        return jax.value_and_grad(fn, argnums=argnums)(*point)
+
+    exact = run()
+    before, _xla.SMALL = _xla.SMALL, 0
+    try:
+        fast = jax.jit(run)()
+    finally:
+        _xla.SMALL = before
+    for got, want in zip(jax.tree.leaves(fast), jax.tree.leaves(exact)):
+        np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-15)
