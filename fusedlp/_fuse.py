@@ -69,6 +69,8 @@ class _Spec:
     # a select-free form of f for the common regime (fusedlp._xla), non-finite wherever it
     # is not exact enough; the built-in kernels give one, user kernels do not
     fast: Callable | None = None
+    fast_layout: str = "cond"  # the layout of fast's forward rule
+    layout: str | None = None  # a forced layout (a fast form's), else chosen by _layout
 
 
 def _elementwise(spec: _Spec, arrays: Sequence[jax.Array]):
@@ -128,13 +130,9 @@ def _value(terms: jax.Array, dtype) -> jax.Array:
 
 
 def _written_terms(fn):
-    """``fn`` formed in a computation of its own (both branches of a lax.cond are the same;
-    the predicate is any data-dependent one), so that it is one elementwise loop that writes
-    the terms, and their sum a plain reduction (see _layout)."""
-    def written(*flat):
-        probe = flat[0].reshape(-1)[0]
-        return jax.lax.cond(jnp.isnan(probe), lambda _: fn(*flat), lambda _: fn(*flat), None)
-    return written
+    """``fn`` formed in a computation of its own (fusedlp._xla.written), so that it is one
+    elementwise loop that writes the terms, and their sum a plain reduction (see _layout)."""
+    return lambda *flat: _xla.written(fn, *flat)
 
 
 class _Primal(NamedTuple):
@@ -145,7 +143,7 @@ class _Primal(NamedTuple):
 
 
 def _fast_spec(spec: _Spec) -> _Spec:
-    return dataclasses.replace(spec, f=spec.fast, fast=None)
+    return dataclasses.replace(spec, f=spec.fast, fast=None, layout=spec.fast_layout)
 
 
 def _fused_value(spec: _Spec, *arrays):
@@ -257,6 +255,8 @@ def _layout(spec: _Spec, flat, batched) -> tuple[str, int]:
     """The forward rule's layout for ``f`` and the size up to which the exact pass runs."""
     if spec.mode != "jvp":
         return "cond", _SMALL
+    if spec.layout is not None:
+        return spec.layout, _xla.SMALL
     scalars = [jax.ShapeDtypeStruct((), a.dtype) for a in flat]
     try:
         prims = _batched_primitives(jax.make_jaxpr(spec.f)(*scalars).jaxpr, batched)
@@ -512,6 +512,7 @@ def kernel(
     data: Sequence[str | int] = (),
     name: str | None = None,
     fast: Callable | None = None,
+    fast_layout: str = "cond",
     mode: str = "jvp",
 ) -> Callable:
     """`fuse`, with the options the built-in kernels and the benchmark use.
@@ -519,6 +520,10 @@ def kernel(
     ``fast``: a select-free form of ``f`` with the same signature (fusedlp._xla), exact in
     the common regime and not finite anywhere else; above ``_xla.SMALL`` elements its sum
     and partials are used whenever that sum is finite, ``f``'s exact pass otherwise.
+    ``fast_layout``: how the fast form's forward rule is laid out (see _layout): "cond"
+    (one reduction of the value, then the partials), or "columns" (each output summed from
+    terms written by a computation of its own: for a long expression, which XLA:CPU would
+    otherwise split into many loops that each write an array ahead of the reduction).
     ``mode``: "jvp" (fuse's rule); for the benchmark, "grad" (reverse mode per element in
     the rule) and "autodiff" (no rule: jnp.sum of vmap(f), plain autodiff).
     """
@@ -572,7 +577,7 @@ def kernel(
             raise ValueError(f"{fn_name}: the element function must return a scalar for "
                              f"scalar arguments, got {got}")
         fast_elem = (functools.partial(fast, **options) if options else fast) if fast else None
-        spec = _Spec(elem, nondiff, mode, fast_elem)
+        spec = _Spec(elem, nondiff, mode, fast_elem, fast_layout)
         # "autodiff", the benchmark's reference: the same sum, no custom rule
         value = _fused_value if mode == "autodiff" else _fused
         return value(spec, *(a.astype(dt) for a in arrays))

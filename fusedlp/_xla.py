@@ -37,6 +37,19 @@ def step(a):
     return jax.lax.stop_gradient(jnp.floor(0.5 + 0.5 * jnp.sign(a)))
 
 
+def written(fn: Callable, *arrays):
+    """``fn(*arrays)`` formed in a computation of its own, so that its arrays are written by
+    one elementwise loop each and a caller's sum of them is a plain reduction.
+
+    Fed to a reduction directly, a large select-free expression is split by XLA:CPU into
+    many loops that each write an array (docs/performance.md). A lax.cond whose two
+    branches are the same, on any data-dependent predicate, is a fence XLA neither fuses
+    nor shares across.
+    """
+    probe = jax.tree.leaves(arrays)[0].reshape(-1)[0]
+    return jax.lax.cond(jnp.isnan(probe), fn, fn, *arrays)
+
+
 def fast_or_exact(n: int, fast: Callable, exact: Callable, *arrays):
     """``fast(*arrays)`` if all its outputs are finite, else ``exact(*arrays)`` (a lax.cond).
 

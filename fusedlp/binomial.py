@@ -112,8 +112,8 @@ def _binomial_logit_fast(k, n, logit, *, normalized=True):
 
 
 _bernoulli_logit = fuse(_bernoulli_logit_element, data=("y",), name="bernoulli_logit_lpmf")
-_binomial_logit = kernel(_binomial_logit_element, fast=_binomial_logit_fast, data=("k", "n"),
-                         name="binomial_logit_lpmf")
+_binomial_logit = kernel(_binomial_logit_element, fast=_binomial_logit_fast,
+                         fast_layout="columns", data=("k", "n"), name="binomial_logit_lpmf")
 
 
 def _validate_logit(fn, logit):

@@ -102,7 +102,7 @@ def _negative_binomial_fast(k, mean, concentration, *, normalized=True):
 
 
 _negative_binomial = kernel(_negative_binomial_element, fast=_negative_binomial_fast,
-                            data=("k",), name="negative_binomial_lpmf")
+                            fast_layout="columns", data=("k",), name="negative_binomial_lpmf")
 
 
 def negative_binomial_lpmf(
