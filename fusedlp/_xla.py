@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+from jax import custom_batching
 
 # Up to this many elements the exact pass runs directly: a lax.cond costs more than the
 # select-free pass would save.
@@ -50,13 +51,27 @@ def written(fn: Callable, *arrays):
     return jax.lax.cond(jnp.isnan(probe), fn, fn, *arrays)
 
 
+@custom_batching.custom_vmap
+def _all_finite(total):
+    return jnp.isfinite(total)
+
+
+@_all_finite.def_vmap
+def _all_finite_batched(axis_size, in_batched, total):
+    # One verdict for the whole batch: under vmap the cond then stays a cond (a batched
+    # predicate would turn it into a select that runs both passes). One non-finite member
+    # sends the batch to the exact pass, which is right for every member.
+    del axis_size, in_batched
+    return jnp.all(jnp.isfinite(total)), False
+
+
 def fast_or_exact(n: int, fast: Callable, exact: Callable, *arrays):
     """``fast(*arrays)`` if all its outputs are finite, else ``exact(*arrays)`` (a lax.cond).
 
     ``fast`` is the select-free common path (a summed value and its partials): it must give
     a non-finite output whenever any element is an edge or outside the regime where it is
-    accurate. ``exact`` handles every input. Up to `SMALL` elements ``exact`` runs alone;
-    under ``vmap`` the cond becomes a select and both run (the same values).
+    accurate. ``exact`` handles every input. Up to `SMALL` elements ``exact`` runs alone.
+    Under ``vmap`` the verdict is one for the whole batch (`_all_finite`).
 
     The fast pass runs once, ahead of the cond that passes its result on. Differentiated
     (only second derivatives, `fusedlp.hessian`, differentiate a forward rule), it is
@@ -67,7 +82,8 @@ def fast_or_exact(n: int, fast: Callable, exact: Callable, *arrays):
         return exact(*arrays)
 
     def finite(out):
-        return jnp.isfinite(sum(jnp.sum(leaf) for leaf in jax.tree.leaves(out)))
+        return _all_finite(jax.lax.stop_gradient(
+            sum(jnp.sum(leaf) for leaf in jax.tree.leaves(out))))
 
     @jax.custom_jvp
     def pick(*a):
