@@ -165,11 +165,11 @@ _fused = functools.partial(jax.custom_vjp, nondiff_argnums=(0,))(_fused_value)
 def _written_value(spec: _Spec, flat, batched, shape, dtype) -> bool:
     """Whether the value (alone, no gradient) is summed from written terms (see _layout)."""
     n = math.prod(shape)
-    if spec.mode != "jvp" or n <= _SMALL:
+    if spec.mode != "jvp" or n <= _xla.SMALL:
         return False
     layout = _layout(spec, flat, batched)[0]
     if layout == "exact":
-        return jnp.dtype(dtype).itemsize < 8 or n > _DIRECT_MAX
+        return jnp.dtype(dtype).itemsize < 8 or n > _xla.DIRECT_MAX
     return layout == "columns"
 
 
@@ -189,19 +189,19 @@ def _edge_rule(v: jax.Array, d: jax.Array) -> jax.Array:
 #
 # * "exact": f selects per element (jnp.where, comparisons, min/max: its own edge verdicts).
 #   Its selects are written out as temporary arrays before any fast reduction (see
-#   _DIRECT_MAX), so the forward rule is one exact pass, value, partials and edge rule
+#   _xla.DIRECT_MAX), so the forward rule is one exact pass, value, partials and edge rule
 #   together, at every N (gamma, negative binomial, Bernoulli and binomial logit: ahead of
 #   the conditional layout below, which would write the selects out; docs/performance.md).
 # * "columns": f is plain arithmetic per element (the normal with a scalar scale). Above
-#   _SMALL_ARITHMETIC each output is formed in a computation of its own (a lax.cond: XLA
+#   _xla.SMALL_ARITHMETIC each output is formed in a computation of its own (a lax.cond: XLA
 #   neither fuses nor shares across one): the elementwise values, and per differentiated
 #   argument its column of partials, each one multi-threaded loop, then plain sums.
 # * "cond": f takes transcendental functions per element with arithmetic verdicts (Student
-#   t). Above _SMALL the value is one fast reduction and a lax.cond on its finiteness picks
+#   t). Above _xla.SMALL the value is one fast reduction and a lax.cond on its finiteness picks
 #   the partials without the edge rule (the common case) or the exact pass.
 #
 # The value alone (no gradient) of an "exact" f in float64 is summed directly up to
-# _DIRECT_MAX elements, from written terms above and in narrower dtypes. Summed directly,
+# _xla.DIRECT_MAX elements, from written terms above and in narrower dtypes. Summed directly,
 # XLA:CPU's vectorised reduction takes the transcendental work, and each of f's per-element
 # selects is written out first as a temporary array of N elements (gamma: four); glibc's
 # malloc serves blocks above 32 MiB with a fresh mmap, whose pages fault on first touch on
@@ -209,11 +209,7 @@ def _edge_rule(v: jax.Array, d: jax.Array) -> jax.Array:
 # and loses once they fault in fresh pages; in float32, where the transcendental work is
 # cheaper, the written terms win from about 10^5 elements (docs/performance.md).
 #
-# Up to the thresholds the exact pass runs directly: a lax.cond's fixed cost outweighs what
-# it would save (docs/performance.md).
-_SMALL = 2048
-_SMALL_ARITHMETIC = 16384
-_DIRECT_MAX = 2**20
+# Up to the thresholds (fusedlp._xla) the exact pass runs directly.
 
 # Per-element primitives that keep f "plain arithmetic" (see above).
 _ARITHMETIC = frozenset({
@@ -254,19 +250,19 @@ def _arithmetic_only(jaxpr, batched) -> bool:
 def _layout(spec: _Spec, flat, batched) -> tuple[str, int]:
     """The forward rule's layout for ``f`` and the size up to which the exact pass runs."""
     if spec.mode != "jvp":
-        return "cond", _SMALL
+        return "cond", _xla.SMALL
     if spec.layout is not None:
         return spec.layout, _xla.SMALL
     scalars = [jax.ShapeDtypeStruct((), a.dtype) for a in flat]
     try:
         prims = _batched_primitives(jax.make_jaxpr(spec.f)(*scalars).jaxpr, batched)
     except Exception:  # noqa: BLE001 - a heuristic only; f already traced fine under vmap
-        return "cond", _SMALL
+        return "cond", _xla.SMALL
     if prims & _SELECTING:
         return "exact", math.inf
     if prims <= _ARITHMETIC:
-        return "columns", _SMALL_ARITHMETIC
-    return "cond", _SMALL
+        return "columns", _xla.SMALL_ARITHMETIC
+    return "cond", _xla.SMALL
 
 
 def _partials(spec: _Spec, fn, flat, batched, idx, with_value: bool):

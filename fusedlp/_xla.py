@@ -17,9 +17,22 @@ import jax
 import jax.numpy as jnp
 from jax import custom_batching
 
-# Up to this many elements the exact pass runs directly: a lax.cond costs more than the
-# select-free pass would save.
+# The size thresholds, in one place. Below each, the exact (select) pass runs directly:
+# the data sit in cache and a lax.cond's fixed cost is more than the pass it would skip
+# (docs/performance.md). Each was measured on XLA:CPU for the layout named.
+
+# the select-free common path of the accurate kernels and of fuse's "cond" layout
 SMALL = 2048
+# fuse's "columns" layout (plain arithmetic f: each output in a computation of its own)
+SMALL_ARITHMETIC = 16384
+# the normal kernel's select-free sums with a scalar scale
+SMALL_NORMAL = 8192
+# the normalized Poisson's exact pass: its lax.cond between the log k! table alone and
+# table plus series
+SMALL_POISSON_TABLE = 128
+# fuse's "exact" layout sums f's terms directly up to this size in float64, from written
+# terms above (its selects' temporaries then exceed glibc's mmap threshold)
+DIRECT_MAX = 2**20
 
 
 def nan_unless_nonneg(a):

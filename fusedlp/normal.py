@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from fusedlp import _checks
+from fusedlp import _checks, _xla
 from fusedlp._vjp import scaled, sum_to_shape
 
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
@@ -41,10 +41,6 @@ _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 # Edges: x = +-inf is outside the support (value -inf, zero partials for that element);
 # sigma <= 0, non-finite sigma or mu give NaN; NaN anywhere propagates as NaN.
 
-
-# Up to this many elements the exact (select) pass is run directly: the data sit in cache,
-# and a lax.cond's fixed cost is more than the pass it would skip (docs/performance.md).
-_SMALL = 8192
 
 
 def _finite_or_0(x):
@@ -102,7 +98,7 @@ def _z_sum_squares(x, loc, s, shape):
 
     if loc.size == 1:
         return sum_sq(False)
-    if math.prod(shape) <= _SMALL:
+    if math.prod(shape) <= _xla.SMALL_NORMAL:
         return sum_sq(True)
     z2 = sum_sq(False)
     return jax.lax.cond(jnp.isfinite(z2), lambda _: z2, lambda _: sum_sq(True), None)
@@ -213,7 +209,7 @@ def _normal_fwd(normalized, x, loc, scale):
         return jnp.sum(zm * zm), z1m, n - jnp.sum(o, dtype=z2.dtype)
 
     fast = lambda _: (z2, z1, jnp.asarray(n, z2.dtype))  # noqa: E731
-    if n <= _SMALL:
+    if n <= _xla.SMALL_NORMAL:
         z2_in, z1_in, n_in = in_support_sums(None)
     else:
         z2_in, z1_in, n_in = jax.lax.cond(jnp.isfinite(z2), fast, in_support_sums, None)

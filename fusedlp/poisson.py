@@ -30,11 +30,6 @@ from fusedlp._vjp import scaled, sum_to_shape
 # zero partial. lam < 0, lam = inf, eta = +inf or NaN anywhere: NaN. lam = 0 (eta = -inf)
 # is the boundary: k = 0 gives exactly 0 with d/dlam = -1; k > 0 gives -inf, d/dlam = +inf.
 
-# Up to this many counts the normalized value takes the full form directly: the lax.cond
-# in _by_stirlerr costs more than the series it would skip for so few elements.
-_SMALL = 128
-
-
 def _by_stirlerr(normalized: bool, k: jax.Array, pass_fn):
     """``pass_fn(stirlerr)``: a kernel's summed value, given how to form stirlerr(k).
 
@@ -50,7 +45,7 @@ def _by_stirlerr(normalized: bool, k: jax.Array, pass_fn):
     """
     if not normalized:
         return pass_fn(None)
-    if k.size <= _SMALL:
+    if k.size <= _xla.SMALL_POISSON_TABLE:
         return pass_fn(_special.stirlerr_int)
     few = jnp.max(k, initial=0) < _special.STIRLERR_TABLE_SIZE
     return jax.lax.cond(few, lambda: pass_fn(_special.stirlerr_table),

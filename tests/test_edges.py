@@ -435,13 +435,13 @@ def test_poisson_counts_around_and_beyond_the_table(form, dtype, tol):
 @poisson_forms
 @pytest.mark.parametrize("counts", ["all_below_32", "some_beyond", "off_support_float"])
 def test_poisson_large_n_log_factorial_branches(form, counts, rng, tol):
-    """Above fusedlp.poisson._SMALL counts a normalized kernel's value is the branch of a
+    """Above fusedlp._xla.SMALL_POISSON_TABLE counts a normalized kernel's value is the branch of a
     cond on max(k) < 32 (the table alone, or table and Stirling); both branches, and an
     off-support float count (which must send the max to the full formula), against scipy
     and autodiff of jax.scipy.stats, value and gradient."""
     f, to_param = POISSONS[form]
     n = 1000
-    assert n > fusedlp.poisson._SMALL
+    assert n > fusedlp._xla.SMALL_POISSON_TABLE
     k = rng.poisson(3.0, n).astype(np.int32)
     if counts == "some_beyond":
         k[::97] = rng.integers(32, 5000, len(k[::97]))
@@ -577,13 +577,13 @@ def test_eam_empty_inputs(shape):
     np.testing.assert_array_equal(dc, np.zeros(4))
 
 
-# Above fusedlp.normal._SMALL elements the scalar-scale path reduces without selects and
+# Above fusedlp._xla.SMALL_NORMAL elements the scalar-scale path reduces without selects and
 # decides the edges in a second pass only when the sum is not finite (lax.cond); the tests
 # above use small arrays, so these exercise that path, eagerly and under jit.
 @pytest.mark.parametrize("case", ["finite", "x_inf", "loc_inf", "loc_nan"])
 @pytest.mark.parametrize("scalar_loc", [True, False], ids=["scalar-loc", "array-loc"])
 def test_normal_large_n_edge_path(case, scalar_loc, rng):
-    from fusedlp.normal import _SMALL
+    from fusedlp._xla import SMALL_NORMAL as _SMALL
 
     n = _SMALL + 101
     x = rng.normal(size=n)
@@ -652,7 +652,7 @@ def _without(a, i):
     return a if np.ndim(a) == 0 else np.delete(a, i)
 
 
-# The size matters for a scalar scale only (above fusedlp.normal._SMALL its sums take a
+# The size matters for a scalar scale only (above fusedlp._xla.SMALL_NORMAL its sums take a
 # lax.cond); an array scale's Hessian is N x N, so it stays small.
 @pytest.mark.parametrize("n, array_scale", [(5, False), (20_000, False), (5, True), (300, True)],
                          ids=["scalar-scale-small", "scalar-scale-large", "array-scale-small",
