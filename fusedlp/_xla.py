@@ -65,17 +65,18 @@ def written(fn: Callable, *arrays):
 
 
 @custom_batching.custom_vmap
-def _all_finite(total):
-    return jnp.isfinite(total)
+def batch_all(pred):
+    """``pred`` (a scalar boolean), and under ``vmap`` one verdict for the whole batch: all
+    members' ``pred``. A lax.cond on it then stays a cond under vmap; on a batched predicate
+    it becomes a select that runs both branches. Callers choose branches that are right
+    for every member either way (a faster one where ``pred`` holds)."""
+    return pred
 
 
-@_all_finite.def_vmap
-def _all_finite_batched(axis_size, in_batched, total):
-    # One verdict for the whole batch: under vmap the cond then stays a cond (a batched
-    # predicate would turn it into a select that runs both passes). One non-finite member
-    # sends the batch to the exact pass, which is right for every member.
+@batch_all.def_vmap
+def _batch_all_batched(axis_size, in_batched, pred):
     del axis_size, in_batched
-    return jnp.all(jnp.isfinite(total)), False
+    return jnp.all(pred), False
 
 
 def fast_or_exact(n: int, fast: Callable, exact: Callable, *arrays):
@@ -84,7 +85,8 @@ def fast_or_exact(n: int, fast: Callable, exact: Callable, *arrays):
     ``fast`` is the select-free common path (a summed value and its partials): it must give
     a non-finite output whenever any element is an edge or outside the regime where it is
     accurate. ``exact`` handles every input. Up to `SMALL` elements ``exact`` runs alone.
-    Under ``vmap`` the verdict is one for the whole batch (`_all_finite`).
+    Under ``vmap`` the verdict is one for the whole batch (`batch_all`): one non-finite
+    member sends the batch to the exact pass, which is right for every member.
 
     The fast pass runs once, ahead of the cond that passes its result on. Differentiated
     (only second derivatives, `fusedlp.hessian`, differentiate a forward rule), it is
@@ -95,8 +97,8 @@ def fast_or_exact(n: int, fast: Callable, exact: Callable, *arrays):
         return exact(*arrays)
 
     def finite(out):
-        return _all_finite(jax.lax.stop_gradient(
-            sum(jnp.sum(leaf) for leaf in jax.tree.leaves(out))))
+        total = jax.lax.stop_gradient(sum(jnp.sum(leaf) for leaf in jax.tree.leaves(out)))
+        return batch_all(jnp.isfinite(total))
 
     @jax.custom_jvp
     def pick(*a):

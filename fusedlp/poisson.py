@@ -40,14 +40,14 @@ def _by_stirlerr(normalized: bool, k: jax.Array, pass_fn):
     stays out of the branch: XLA does not drop a cond's unused output, so ``jax.grad``
     alone would pay for the value. (``pass_fn(None)`` when ``normalized`` is False: no
     log k!.) A k off the support (k < 0, non-integer, inf, NaN) can only send the max to the
-    full form, which is right for every count. Under vmap the cond becomes a select of
-    both: the same values, slower.
+    full form, which is right for every count. Under vmap the verdict is the whole batch's
+    (`fusedlp._xla.batch_all`).
     """
     if not normalized:
         return pass_fn(None)
     if k.size <= _xla.SMALL_POISSON_TABLE:
         return pass_fn(_special.stirlerr_int)
-    few = jnp.max(k, initial=0) < _special.STIRLERR_TABLE_SIZE
+    few = _xla.batch_all(jnp.max(k, initial=0) < _special.STIRLERR_TABLE_SIZE)
     return jax.lax.cond(few, lambda: pass_fn(_special.stirlerr_table),
                         lambda: pass_fn(_special.stirlerr_int))
 
