@@ -227,11 +227,20 @@ def _poisson_drate(integer_k, k, rate):
                          invalid=rate * 0.0)
 
 
+def _partial_apart(param, perturbed: bool) -> bool:
+    """Whether a perturbed parameter's partial is formed apart from the value's conditional
+    pass: an elementwise partial (a vector parameter) is, since jax.grad alone then drops
+    the value (an unused lax.cond goes; a partly used one runs whole), and its selects cost
+    little outside a reduction. A scalar parameter's partial is a reduction: it rides in
+    the select-free pass."""
+    return perturbed and param.size != 1
+
+
 def _poisson_fwd(normalized, integer_k, k, rate):
     kv, rv = k.value, rate.value
-    if integer_k and not normalized:
+    if (integer_k and not normalized) or _partial_apart(rv, rate.perturbed):
         drate = _poisson_drate(integer_k, kv, rv) if rate.perturbed else None
-        return _poisson_propto_int_sum(kv, rv), drate
+        return _poisson_value(normalized, integer_k, kv, rv), drate
 
     def fast(kv, rv):
         return _fast(normalized, integer_k, kv, rv, False, rate.perturbed)
@@ -264,18 +273,24 @@ def _poisson_log_exact_value(normalized, integer_k, k, log_rate, rate):
         _poisson_log_terms(stirlerr, integer_k, k, log_rate, rate)[0]))
 
 
+def _poisson_log_deta(integer_k, k, log_rate, rate):
+    shape = jnp.broadcast_shapes(k.shape, log_rate.shape)
+    return _fold_partial(k - rate, _in_support(k, integer_k), _log_rate_ok(log_rate), k,
+                         shape, log_rate.shape, integer_k)
+
+
 def _poisson_log_sums(normalized, integer_k, k, log_rate, want_partial):
     """The value and (if wanted) the partial in eta, by the fast or the exact pass."""
+    if _partial_apart(log_rate, want_partial):
+        value = _poisson_log_sums(normalized, integer_k, k, log_rate, False)[0]
+        return value, _poisson_log_deta(integer_k, k, log_rate, jnp.exp(log_rate))
+
     def fast(k, log_rate):
         return _fast(normalized, integer_k, k, log_rate, True, want_partial)
 
     def exact(k, log_rate):
         rate = jnp.exp(log_rate)  # the value and the partial both use it
-        deta = None
-        if want_partial:
-            shape = jnp.broadcast_shapes(k.shape, log_rate.shape)
-            deta = _fold_partial(k - rate, _in_support(k, integer_k), _log_rate_ok(log_rate),
-                                 k, shape, log_rate.shape, integer_k)
+        deta = _poisson_log_deta(integer_k, k, log_rate, rate) if want_partial else None
         return _poisson_log_exact_value(normalized, integer_k, k, log_rate, rate), deta
 
     return _fast_or_exact(k, log_rate, fast, exact)
