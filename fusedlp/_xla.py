@@ -60,8 +60,13 @@ def written(fn: Callable, *arrays):
     branches are the same, on any data-dependent predicate, is a fence XLA neither fuses
     nor shares across.
     """
-    probe = jax.tree.leaves(arrays)[0].reshape(-1)[0]
-    return jax.lax.cond(jnp.isnan(probe), fn, fn, *arrays)
+    first = jax.tree.leaves(arrays)[0]
+    sharding = getattr(jax.typeof(first), "sharding", None) if hasattr(jax, "typeof") else None
+    if sharding is not None and any(axis is not None for axis in sharding.spec):
+        # split over Explicit mesh axes: no single element to probe (jax refuses the slice),
+        # and each device runs its own block anyway
+        return fn(*arrays)
+    return jax.lax.cond(jnp.isnan(first.reshape(-1)[0]), fn, fn, *arrays)
 
 
 @custom_batching.custom_vmap
