@@ -322,17 +322,18 @@ Measured on a 2-core AMD EPYC virtual machine, JAX 0.10.2 on CPU, float64 (the t
 * **Value-and-gradient costs about the value** for every jitted route: the gradient rides
   along with the pass that computes the value.
 * **What to call.** For fitting, `fusedlp.poisson_lpmf(..., normalized=False)` (it drops
-  the constant −log c!) gives value and gradient 8–10× faster than autodiff of
+  the constant −log c!) gives value and gradient 7–9× faster than autodiff of
   `jax.scipy.stats` from n = 10⁴ up in this run. The normalized kernel is faster than it
-  at n = 10⁴–10⁵ (1.3×) but not at 10⁶ (0.65×): it computes log c! and the rate terms
-  in a form that stays accurate for large counts, which costs about what `lgamma` costs.
+  at n = 10⁴–10⁵ (1.6×) and slower at 10⁶ (0.8× in this run, 1.1× in the run before it):
+  it computes log c! and the rate terms in a form that stays accurate for large counts,
+  which costs about what `lgamma` costs at large n.
   If only the gradient is wanted, `jax.grad` of `jax.scipy.stats` or NumPyro is already
-  optimal and a little faster than fusedlp's gradient at large n (about 1.1× at 10⁶).
+  optimal and a little faster than fusedlp's gradient at large n (within 10 % at 10⁶).
   At n = 1000 every jitted gradient sits near JAX's ~5 µs dispatch floor; un-jitted, the
   same calls cost from 10× (the value) to tens of thousands of times more (fusedlp's
   gradient, whose accurate log c! is many small operations: always `jit` it).
-* The numba loop that calls `lgamma` per element costs 0.5–0.7× the `jax.scipy.stats`
-  value from n = 10⁴ in this run; without log c! it is 1.3–1.5× slower than fusedlp's
+* The numba loop that calls `lgamma` per element costs 0.8–1.2× the `jax.scipy.stats`
+  value from n = 10⁴ in this run; without log c! it is 1.5–2.5× slower than fusedlp's
   `normalized=False` kernel from n = 10⁴, which vectorises and uses both cores.
 """,
         "claims": """
