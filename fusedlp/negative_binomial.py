@@ -43,10 +43,11 @@ from fusedlp._fuse import kernel
 # by fuse's edge rule a zero gradient (poisson_lpmf's hand rule reports +inf there).
 
 
-def _log_nb(k, mu, phi):
-    """log NB(k | mu, phi) for a count k >= 0 and valid mu >= 0, phi > 0 (Loader's form)."""
-    at_zero = -_special.xlog1p_ratio(phi, mu)
-    kp = jnp.where(k > 0, k, 1.0)
+def _log_nb_positive(kp, mu, phi, stirlerr, stirlerr_int, bd0):
+    """log NB(k | mu, phi) for a count kp >= 1 and valid mu >= 0, phi > 0 (Loader's form),
+    from the given special functions: the exact ones (`_log_nb`) or their select-free forms
+    (`_negative_binomial_fast`). stirlerr(phi) is always the exact form: a scalar phi makes
+    its selects scalar work."""
     # p = phi / (phi + mu) and bd0's arguments, each written so that its derivatives are sums
     # of like-signed terms: (phi + k) q, say, has d/dphi of size 1/phi^2 but its product
     # rule subtracts two terms of size 1/phi; and so that nothing underflows on the way
@@ -55,11 +56,17 @@ def _log_nb(k, mu, phi):
     p = 1.0 / (1.0 + u)
     s = phi + mu
     n = phi + kp
-    lp = (-0.5 * jnp.log1p(kp / phi) + _special.stirlerr(n) - _special.stirlerr(phi)
-          - _special.stirlerr_int(kp) - _special.HALF_LOG_2PI - 0.5 * jnp.log(kp)
-          - _special.bd0(phi, n * p, diff=(mu - kp) * p)
-          - _special.bd0(kp, mu * (p + kp / s), diff=(kp - mu) * p))
-    return jnp.where(k > 0, lp, at_zero)
+    return (-0.5 * jnp.log1p(kp / phi) + stirlerr(n) - _special.stirlerr(phi)
+            - stirlerr_int(kp) - _special.HALF_LOG_2PI - 0.5 * jnp.log(kp)
+            - bd0(phi, n * p, diff=(mu - kp) * p)
+            - bd0(kp, mu * (p + kp / s), diff=(kp - mu) * p))
+
+
+def _log_nb(k, mu, phi):
+    """log NB(k | mu, phi) for a count k >= 0 and valid mu >= 0, phi > 0 (Loader's form)."""
+    lp = _log_nb_positive(jnp.where(k > 0, k, 1.0), mu, phi, _special.stirlerr,
+                          _special.stirlerr_int, _special.bd0)
+    return jnp.where(k > 0, lp, -_special.xlog1p_ratio(phi, mu))
 
 
 def _negative_binomial_element(k, mean, concentration, *, normalized=True):
@@ -84,17 +91,9 @@ def _negative_binomial_fast(k, mean, concentration, *, normalized=True):
     verdict = (_xla.nan_unless_nonneg(k) + _xla.nan_unless_nonneg(jnp.floor(k) - k)
                + _xla.nan_unless_nonneg(mu) + jax.lax.stop_gradient(jnp.log(phi) - jnp.log(phi)))
     at_zero = -_special.xlog1p_ratio_fast(phi, mu)
-    kp = jnp.maximum(k, 1.0)
     positive = jnp.minimum(k, 1.0)  # 1 for a count k >= 1, 0 at k = 0
-    u = mu / phi
-    p = 1.0 / (1.0 + u)
-    s = phi + mu
-    n = phi + kp
-    # stirlerr(phi) in its exact form: a scalar phi makes its selects scalar work
-    lp = (-0.5 * jnp.log1p(kp / phi) + _special.stirlerr_fast(n) - _special.stirlerr(phi)
-          - _special.stirlerr_int_fast(kp) - _special.HALF_LOG_2PI - 0.5 * jnp.log(kp)
-          - _special.bd0_fast(phi, n * p, diff=(mu - kp) * p)
-          - _special.bd0_fast(kp, mu * (p + kp / s), diff=(kp - mu) * p))
+    lp = _log_nb_positive(jnp.maximum(k, 1.0), mu, phi, _special.stirlerr_fast,
+                          _special.stirlerr_int_fast, _special.bd0_fast)
     lp = positive * lp + (1.0 - positive) * at_zero
     if not normalized:
         lp = lp + jsp.gammaln(k + 1.0)
