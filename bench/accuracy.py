@@ -46,37 +46,34 @@ def _table_module():
     return module
 
 
+def _densities(stats, exp, expit):
+    """The kernels' densities in a scipy.stats-like module (their logpdf/logpmf)."""
+    return {
+        "normal_lpdf": stats.norm.logpdf,
+        "poisson_lpmf": stats.poisson.logpmf,
+        "poisson_log_lpmf": lambda k, eta: stats.poisson.logpmf(k, exp(eta)),
+        "negative_binomial_lpmf": lambda k, mu, phi: stats.nbinom.logpmf(k, phi,
+                                                                         phi / (mu + phi)),
+        "student_t_lpdf": stats.t.logpdf,
+        "gamma_lpdf": lambda x, a, b: stats.gamma.logpdf(x, a, scale=1.0 / b),
+        "bernoulli_logit_lpmf": lambda y, eta: stats.bernoulli.logpmf(y, expit(eta)),
+        "binomial_logit_lpmf": lambda k, n, eta: stats.binom.logpmf(k, n, expit(eta)),
+    }
+
+
 def _jax_scipy(kernel):
     import jax
     import jax.numpy as jnp
     import jax.scipy.stats as jst
 
-    return {
-        "normal_lpdf": jst.norm.logpdf,
-        "poisson_lpmf": jst.poisson.logpmf,
-        "poisson_log_lpmf": lambda k, eta: jst.poisson.logpmf(k, jnp.exp(eta)),
-        "negative_binomial_lpmf": lambda k, mu, phi: jst.nbinom.logpmf(k, phi, phi / (mu + phi)),
-        "student_t_lpdf": jst.t.logpdf,
-        "gamma_lpdf": lambda x, a, b: jst.gamma.logpdf(x, a, scale=1.0 / b),
-        "bernoulli_logit_lpmf": lambda y, eta: jst.bernoulli.logpmf(y, jax.nn.sigmoid(eta)),
-        "binomial_logit_lpmf": lambda k, n, eta: jst.binom.logpmf(k, n, jax.nn.sigmoid(eta)),
-    }.get(kernel)
+    return _densities(jst, jnp.exp, jax.nn.sigmoid).get(kernel)
 
 
 def _scipy(kernel):
     import scipy.special as sps
     import scipy.stats as st
 
-    return {
-        "normal_lpdf": st.norm.logpdf,
-        "poisson_lpmf": st.poisson.logpmf,
-        "poisson_log_lpmf": lambda k, eta: st.poisson.logpmf(k, np.exp(eta)),
-        "negative_binomial_lpmf": lambda k, mu, phi: st.nbinom.logpmf(k, phi, phi / (mu + phi)),
-        "student_t_lpdf": st.t.logpdf,
-        "gamma_lpdf": lambda x, a, b: st.gamma.logpdf(x, a, scale=1.0 / b),
-        "bernoulli_logit_lpmf": lambda y, eta: st.bernoulli.logpmf(y, sps.expit(eta)),
-        "binomial_logit_lpmf": lambda k, n, eta: st.binom.logpmf(k, n, sps.expit(eta)),
-    }.get(kernel)
+    return _densities(st, np.exp, sps.expit).get(kernel)
 
 
 def _worst(at, table, dtype, got, quantity_refs):

@@ -213,8 +213,8 @@ def lookup(table: jax.Array, idx: jax.Array) -> jax.Array:
     block in fuse's shard_map) the spec carries no mesh axis and this is the plain
     ``jnp.take``.
     """
-    sharding = getattr(jax.typeof(idx), "sharding", None) if hasattr(jax, "typeof") else None
-    if sharding is not None and any(axis is not None for axis in sharding.spec):
+    sharding = _xla.split_sharding(idx)
+    if sharding is not None:
         return table.at[idx].get(mode="promise_in_bounds", out_sharding=sharding)
     return jnp.take(table, idx)
 

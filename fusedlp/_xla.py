@@ -51,6 +51,15 @@ def step(a):
     return jax.lax.stop_gradient(jnp.floor(0.5 + 0.5 * jnp.sign(a)))
 
 
+def split_sharding(x):
+    """``x``'s sharding where its type names mesh axes that split it (Explicit axes, as
+    ``jax.make_mesh`` makes by default), else None (one device, Auto axes, replicated)."""
+    sharding = getattr(jax.typeof(x), "sharding", None) if hasattr(jax, "typeof") else None
+    if sharding is not None and any(axis is not None for axis in sharding.spec):
+        return sharding
+    return None
+
+
 def written(fn: Callable, *arrays):
     """``fn(*arrays)`` formed in a computation of its own, so that its arrays are written by
     one elementwise loop each and a caller's sum of them is a plain reduction.
@@ -61,10 +70,9 @@ def written(fn: Callable, *arrays):
     nor shares across.
     """
     first = jax.tree.leaves(arrays)[0]
-    sharding = getattr(jax.typeof(first), "sharding", None) if hasattr(jax, "typeof") else None
-    if sharding is not None and any(axis is not None for axis in sharding.spec):
-        # split over Explicit mesh axes: no single element to probe (jax refuses the slice),
-        # and each device runs its own block anyway
+    if split_sharding(first) is not None:
+        # split over mesh axes: no single element to probe (jax refuses the slice), and
+        # each device runs its own block anyway
         return fn(*arrays)
     return jax.lax.cond(jnp.isnan(first.reshape(-1)[0]), fn, fn, *arrays)
 
