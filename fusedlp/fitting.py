@@ -127,6 +127,29 @@ class FitResult(NamedTuple):
                 "status": names.item() if s.ndim == 0 else names,
                 "history": np.asarray(self.history)}
 
+    def to_frame(self):
+        """The result as a pandas DataFrame, one row per fit (a ``vmap``-ed batch of fits
+        gives one row per member, indexed by its position in the batch): a column per
+        scalar parameter, named as :func:`fusedlp.summary` names them (``beta[0]``), then
+        ``value``, ``grad_norm``, ``num_steps``, ``converged`` and ``status`` (by name).
+        ``history`` is left out (``to_dict`` has it). Concrete results only; needs pandas."""
+        import pandas as pd
+
+        from fusedlp.inference import parameter_names
+
+        d = self.to_dict()
+        batch = np.shape(d["value"])
+        rows = int(np.prod(batch, dtype=int))
+        member = jax.tree.map(lambda a: a[(0,) * len(batch)] if batch else a, d["params"])
+        cols = [np.reshape(a, (rows, -1)) for a in jax.tree.leaves(d["params"])]
+        values = np.concatenate(cols, axis=1) if cols else np.zeros((rows, 0))
+        frame = pd.DataFrame(values, columns=parameter_names(member))
+        for key in ("value", "grad_norm", "num_steps", "converged", "status"):
+            frame[key] = np.reshape(d[key], rows)
+        if len(batch) > 1:
+            frame.index = pd.MultiIndex.from_tuples(list(np.ndindex(*batch)))
+        return frame
+
 
 @functools.lru_cache(maxsize=None)
 def default_optimizer() -> optax.GradientTransformationExtraArgs:

@@ -518,6 +518,28 @@ def test_result_prints_status_by_name_and_converts_to_numpy(rng):
     assert list(batch.to_dict()["status"]) == ["CONVERGED", "CONVERGED"]
 
 
+def test_result_converts_to_a_frame_one_row_per_fit(rng):
+    k = rng.poisson(3.2, size=(3, 50))
+    ks = np.stack([k, k + 1])  # a 2 x 3 batch of fits
+
+    def loglik(params, k):
+        return fusedlp.poisson_lpmf(k, params["rate"]) + fusedlp.normal_lpdf(
+            params["w"], 0.0, 10.0)
+
+    init = {"rate": 1.0, "w": jnp.zeros(2)}
+    one = fusedlp.fit(loglik, init, k[0]).to_frame()
+    assert list(one.columns) == ["rate", "w[0]", "w[1]", "value", "grad_norm", "num_steps",
+                                 "converged", "status"]
+    assert one.shape == (1, 8) and one["status"].item() == "CONVERGED"
+    fit_all = jax.vmap(jax.vmap(lambda k: fusedlp.fit(loglik, init, k)))
+    batch = fit_all(ks)
+    frame = batch.to_frame()
+    assert frame.shape == (6, 8) and frame.index[4] == (1, 1)
+    np.testing.assert_allclose(frame["rate"], np.ravel(batch.params["rate"]))
+    np.testing.assert_allclose(frame.loc[(1, 2), "rate"], ks[1, 2].mean(), rtol=1e-5)
+    assert list(frame["status"]) == ["CONVERGED"] * 6
+
+
 def test_unknown_optimizer_name_raises():
     with pytest.raises(ValueError, match="'newton', 'lbfgs'"):
         fusedlp.fit(poisson_rate_loglik, {"rate": 1.0}, np.ones(3), optimizer="bfgs")
