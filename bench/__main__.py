@@ -13,7 +13,17 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from bench import accuracy, fit, fuse, kernels, sharding, studies, summary, workloads
+    from bench import (
+        accuracy,
+        contexts,
+        fit,
+        fuse,
+        kernels,
+        sharding,
+        studies,
+        summary,
+        workloads,
+    )
 
     parser = argparse.ArgumentParser(
         prog="python -m bench",
@@ -25,8 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="SUBCOMMAND")
     # each module has add_arguments(parser) and main(args); its docstring's first line is
     # the subcommand's help
-    commands = {"studies": studies, "kernels": kernels, "fit": fit, "fuse": fuse,
-                "sharding": sharding, "summary": summary, "accuracy": accuracy,
+    commands = {"studies": studies, "kernels": kernels, "contexts": contexts, "fit": fit,
+                "fuse": fuse, "sharding": sharding, "summary": summary, "accuracy": accuracy,
                 "workloads": workloads}
     for name, module in commands.items():
         help_ = (module.__doc__ or name).strip().splitlines()[0].replace("``", "")

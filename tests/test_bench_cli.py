@@ -168,3 +168,40 @@ def test_throughput_mode_reports_fraction_of_peak(tmp_path, monkeypatch):
 ])
 def test_peak_bandwidth_by_device_kind(kind, gbps, monkeypatch):
     assert _bench_module(monkeypatch, "bench.sharding").peak_bandwidth_gbps(kind) == gbps
+
+
+# ------------------------------------------------------------------------ contexts
+
+
+def test_quick_contexts_benchmark_reports_every_context(tmp_path):
+    """`python -m bench contexts`: per kernel, the six calling contexts' time ratios against
+    autodiff of jax.scipy.stats, the XLA temporaries of both programs, a NumPyro row and
+    the issue's targets, in markdown and in the JSON."""
+    out_json = tmp_path / "contexts.json"
+    p = _bench("contexts", "--quick", "--kernels", "poisson,gamma", "--json", str(out_json))
+    assert p.returncode == 0, p.stderr
+    assert "| kernel | baseline | N | args i32 | args i64 | closed | vmap x10 | while x5 |" \
+        in p.stdout
+    assert "NumPyro: Poisson regression" in p.stdout and "### Targets (this run)" in p.stdout
+    doc = json.loads(out_json.read_text())
+    assert [r["kernel"] for r in doc["rows"]] == ["poisson", "gamma"]
+    for r in doc["rows"]:
+        from bench.contexts import CONTEXTS
+
+        assert list(r["contexts"]) == list(CONTEXTS)
+        for c in r["contexts"].values():
+            assert c["ratio"] == pytest.approx(c["baseline_s"] / c["fusedlp_s"])
+            assert c["temp_arrays_fusedlp"] >= 0 and c["temp_arrays_baseline"] >= 0
+    assert doc["numpyro"][0]["ratio"] > 0 and len(doc["targets"]) == 4
+
+
+def test_contexts_benchmark_refuses_to_time_a_kernel_that_disagrees():
+    from bench import contexts
+
+    case = next(c for c in contexts._cases() if c.name == "poisson")
+    wrong = contexts.Case(case.name, case.make, lambda d, v: case.fused(d, v) + 1.0,
+                          case.baseline, case.fused_scalar, case.baseline_scalar,
+                          case.baseline_name)
+    with pytest.raises(RuntimeError, match="value"):
+        contexts.bench_case(wrong, 1000, {"min_repeats": 1, "min_total": 0.0,
+                                          "max_total": 0.01})
