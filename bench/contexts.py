@@ -273,6 +273,12 @@ def numpyro_row(n: int, cfg: dict) -> dict:
     return {"n": n, "p": p, "fusedlp_s": f, "numpyro_s": b, "ratio": b / f}
 
 
+def numpyro_line(r: dict) -> str:
+    return (f"NumPyro: Poisson regression N = {r['n']:,} x {r['p']}, the potential energy's "
+            f"value and gradient: NumPyro's own Poisson {r['numpyro_s'] * 1e6:.0f} µs, fusedlp "
+            f"in numpyro.factor {r['fusedlp_s'] * 1e6:.0f} µs: {r['ratio']:.2f}x.")
+
+
 def evaluate_targets(rows: list[dict], numpyro: list[dict]) -> list[dict]:
     ratios = [c["ratio"] for r in rows for c in r["contexts"].values()]
     worst = min(((c["ratio"], r["kernel"], r["n"], ctx) for r in rows
@@ -372,9 +378,7 @@ def main(args) -> int:
           "fusedlp / baseline:\n")
     print(temporaries_table(rows) + "\n")
     for r in numpyro:
-        print(f"NumPyro: Poisson regression N = {r['n']:,} x {r['p']}, potential energy value "
-              f"and gradient: NumPyro's own Poisson {r['numpyro_s'] * 1e6:.0f} µs, fusedlp in "
-              f"numpyro.factor {r['fusedlp_s'] * 1e6:.0f} µs: {r['ratio']:.2f}x.\n")
+        print(numpyro_line(r) + "\n")
     print(_timing.targets_md(targets, "Targets (this run)"))
     if args.json:
         _timing.write_json(args.json, {

@@ -113,28 +113,32 @@ def _fold_partial(d, kok, param_ok, k, shape, param_shape, integer_k, invalid=No
     return sum_to_shape(jnp.broadcast_to(d, shape), param_shape)
 
 
-def _fast(normalized, integer_k, k, param, log_form, want_partial):
+def _fast(normalized, integer_k, k, param, log_form, want_partial, data_sum=None):
     """(value, partial or None) in one select-free pass (fusedlp._xla).
 
     The value is Loader's form for k >= 1 and -lam at k = 0, blended by an exact mask, or
     k log(lam) - lam; the partial is k/lam - 1 or k - lam. Not finite wherever an element
     is an edge (k off the support, an invalid or zero rate, a rate or ratio that over- or
-    underflows): there `_fast_or_exact` runs the exact pass instead.
+    underflows): there `_fast_or_exact` runs the exact pass instead. ``data_sum``, if
+    given, is `_data_sum` of counts known to lie on the support: their part of Loader's
+    form and their checks are not computed again.
     """
     shape = jnp.broadcast_shapes(k.shape, param.shape)
 
     def terms(k, param):
-        verdict = _xla.nan_unless_nonneg(k) + (param - param if log_form
-                                               else _xla.nan_unless_nonneg(param))
-        if not integer_k:
+        verdict = param - param if log_form else _xla.nan_unless_nonneg(param)
+        if data_sum is None:
+            verdict = verdict + _xla.nan_unless_nonneg(k)
+        if data_sum is None and not integer_k:
             verdict = verdict + _xla.nan_unless_nonneg(jnp.floor(k) - k)  # NaN unless whole
         rate = jnp.exp(param) if log_form else param
         if normalized:
             kp = jnp.maximum(k, 1.0)
             positive = jnp.minimum(k, 1.0)  # 1 for a count k >= 1, 0 at k = 0
-            t = -(_special.stirlerr_int_fast(kp) + _special.HALF_LOG_2PI + 0.5 * jnp.log(kp)
-                  + _special.bd0_fast(kp, rate))
-            t = positive * t - (1.0 - positive) * rate
+            t = _special.bd0_fast(kp, rate)
+            if data_sum is None:
+                t = t + _special.stirlerr_int_fast(kp) + _special.HALF_LOG_2PI + 0.5 * jnp.log(kp)
+            t = -positive * t - (1.0 - positive) * rate
         else:
             t = k * (param if log_form else jnp.log(rate)) - rate
         return jnp.broadcast_to(t + verdict, shape)
@@ -142,6 +146,8 @@ def _fast(normalized, integer_k, k, param, log_form, want_partial):
     # Loader's form is summed from written terms (fusedlp._xla.written); the short propto
     # expression reduces well directly.
     value = jnp.sum(_xla.written(terms, k, param) if normalized else terms(k, param))
+    if data_sum is not None:
+        value = value - data_sum
     if not want_partial:
         return value, None
     rate = jnp.exp(param) if log_form else param
@@ -156,9 +162,10 @@ def _fast_or_exact(k, param, fast, exact):
 
 
 def _bwd(*args):
-    """Backward rule of both forms (static options first): k is data and gets no cotangent."""
+    """Backward rule of both forms (static options first): k and its data sum are data and
+    get no cotangent."""
     *_, dparam, g = args
-    return None, scaled(g, dparam)
+    return None, None, scaled(g, dparam)
 
 
 # ---------------------------------------------------------------------------- rate form
@@ -199,17 +206,17 @@ def _poisson_exact_value(normalized, integer_k, k, rate):
         _poisson_terms(stirlerr, k, rate, integer_k)[0]))
 
 
-def _poisson_value(normalized, integer_k, k, rate):
+def _poisson_value(normalized, integer_k, k, data_sum, rate):
     if integer_k and not normalized:
         return _poisson_propto_int_sum(k, rate)
     return _fast_or_exact(
-        k, rate, lambda k, rate: _fast(normalized, integer_k, k, rate, False, False),
+        k, rate, lambda k, rate: _fast(normalized, integer_k, k, rate, False, False, data_sum),
         lambda k, rate: (_poisson_exact_value(normalized, integer_k, k, rate), None))[0]
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _poisson(normalized, integer_k, k, rate):
-    return _poisson_value(normalized, integer_k, k, rate)
+def _poisson(normalized, integer_k, k, data_sum, rate):
+    return _poisson_value(normalized, integer_k, k, data_sum, rate)
 
 
 def _poisson_drate(integer_k, k, rate):
@@ -236,14 +243,14 @@ def _partial_apart(param, perturbed: bool) -> bool:
     return perturbed and param.size != 1
 
 
-def _poisson_fwd(normalized, integer_k, k, rate):
-    kv, rv = k.value, rate.value
+def _poisson_fwd(normalized, integer_k, k, data_sum, rate):
+    kv, rv, cv = k.value, rate.value, _value(data_sum)
     if (integer_k and not normalized) or _partial_apart(rv, rate.perturbed):
         drate = _poisson_drate(integer_k, kv, rv) if rate.perturbed else None
-        return _poisson_value(normalized, integer_k, kv, rv), drate
+        return _poisson_value(normalized, integer_k, kv, cv, rv), drate
 
     def fast(kv, rv):
-        return _fast(normalized, integer_k, kv, rv, False, rate.perturbed)
+        return _fast(normalized, integer_k, kv, rv, False, rate.perturbed, cv)
 
     def exact(kv, rv):
         drate = _poisson_drate(integer_k, kv, rv) if rate.perturbed else None
@@ -279,14 +286,14 @@ def _poisson_log_deta(integer_k, k, log_rate, rate):
                          shape, log_rate.shape, integer_k)
 
 
-def _poisson_log_sums(normalized, integer_k, k, log_rate, want_partial):
+def _poisson_log_sums(normalized, integer_k, k, data_sum, log_rate, want_partial):
     """The value and (if wanted) the partial in eta, by the fast or the exact pass."""
     if _partial_apart(log_rate, want_partial):
-        value = _poisson_log_sums(normalized, integer_k, k, log_rate, False)[0]
+        value = _poisson_log_sums(normalized, integer_k, k, data_sum, log_rate, False)[0]
         return value, _poisson_log_deta(integer_k, k, log_rate, jnp.exp(log_rate))
 
     def fast(k, log_rate):
-        return _fast(normalized, integer_k, k, log_rate, True, want_partial)
+        return _fast(normalized, integer_k, k, log_rate, True, want_partial, data_sum)
 
     def exact(k, log_rate):
         rate = jnp.exp(log_rate)  # the value and the partial both use it
@@ -297,18 +304,42 @@ def _poisson_log_sums(normalized, integer_k, k, log_rate, want_partial):
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _poisson_log(normalized, integer_k, k, log_rate):
-    return _poisson_log_sums(normalized, integer_k, k, log_rate, False)[0]
+def _poisson_log(normalized, integer_k, k, data_sum, log_rate):
+    return _poisson_log_sums(normalized, integer_k, k, data_sum, log_rate, False)[0]
 
 
-def _poisson_log_fwd(normalized, integer_k, k, log_rate):
-    return _poisson_log_sums(normalized, integer_k, k.value, log_rate.value,
-                             log_rate.perturbed)
+def _poisson_log_fwd(normalized, integer_k, k, data_sum, log_rate):
+    return _poisson_log_sums(normalized, integer_k, k.value, _value(data_sum),
+                             log_rate.value, log_rate.perturbed)
 
 
 _poisson_log.defvjp(_poisson_log_fwd, _bwd, symbolic_zeros=True)
 
 # -------------------------------------------------------------------------- public API
+
+
+def _value(primal):
+    """A custom_vjp primal's value (``None``, an empty pytree, stays None)."""
+    return None if primal is None else primal.value
+
+
+def _data_sum(normalized, k, dtype, shape):
+    """For counts known when the kernel is traced (data closed over by the caller, as in
+    ``jax.jit(lambda p: loglik(p, data))`` or NumPyro's MCMC), Loader's data-only part,
+    sum over k > 0 of stirlerr(k) + log(2 pi k) / 2, computed once, now, instead of in
+    every call; each count counted as often as broadcasting against the parameter repeats
+    it. None for traced counts, for ``normalized=False``, and when a count is off the
+    support (the general path gives -inf there)."""
+    if not normalized or isinstance(k, jax.core.Tracer):
+        return None
+    with jax.ensure_compile_time_eval():
+        k = jnp.asarray(k).astype(dtype)
+        if not bool(jnp.all(_in_support(k, False))):
+            return None
+        kp = jnp.maximum(k, 1.0)
+        part = _special.stirlerr_int(kp) + _special.HALF_LOG_2PI + 0.5 * jnp.log(kp)
+        repeats = math.prod(shape) // max(k.size, 1)
+        return repeats * jnp.sum(jnp.where(k > 0, part, 0.0))
 
 
 def _prepare(fn, k, param_name, param, validate_args, param_bad, param_what):
@@ -324,6 +355,15 @@ def _prepare(fn, k, param_name, param, validate_args, param_bad, param_what):
     integer_k = bool(jnp.issubdtype(k.dtype, jnp.integer))
     dt = _checks.float_dtype(param) if integer_k else _checks.float_dtype(k, param)
     return k.astype(dt), param.astype(dt), integer_k
+
+
+def _with_data_sum(kernel, fn, k, param_name, param, normalized, validate_args, bad, what):
+    """Checks and converts the arguments, then calls the custom-VJP ``kernel``."""
+    raw_k = k
+    k, param, integer_k = _prepare(fn, k, param_name, param, validate_args, bad, what)
+    shape = jnp.broadcast_shapes(k.shape, param.shape)
+    return kernel(bool(normalized), integer_k, k,
+                  _data_sum(normalized, raw_k, param.dtype, shape), param)
 
 
 def poisson_lpmf(
@@ -361,11 +401,9 @@ def poisson_lpmf(
       >>> jax.grad(fusedlp.poisson_lpmf, argnums=1)(3, 2.0)  # 3/2 - 1
       Array(0.5, dtype=float32, weak_type=True)
     """
-    k, rate, integer_k = _prepare(
-        "poisson_lpmf", k, "rate", rate, validate_args,
-        lambda a: ~((a >= 0) & np.isfinite(a)), "must be finite and >= 0",
-    )
-    return _poisson(bool(normalized), integer_k, k, rate)
+    return _with_data_sum(_poisson, "poisson_lpmf", k, "rate", rate, normalized,
+                          validate_args, lambda a: ~((a >= 0) & np.isfinite(a)),
+                          "must be finite and >= 0")
 
 
 def poisson_log_lpmf(
@@ -400,8 +438,6 @@ def poisson_log_lpmf(
       >>> jax.grad(fusedlp.poisson_log_lpmf, argnums=1)(3, 0.0)  # 3 - e^0
       Array(2., dtype=float32, weak_type=True)
     """
-    k, log_rate, integer_k = _prepare(
-        "poisson_log_lpmf", k, "log_rate", log_rate, validate_args,
-        lambda a: ~(a < np.inf), "must be < +inf and not NaN",
-    )
-    return _poisson_log(bool(normalized), integer_k, k, log_rate)
+    return _with_data_sum(_poisson_log, "poisson_log_lpmf", k, "log_rate", log_rate,
+                          normalized, validate_args, lambda a: ~(a < np.inf),
+                          "must be < +inf and not NaN")

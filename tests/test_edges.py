@@ -18,6 +18,7 @@ import scipy.special
 import scipy.stats
 
 import fusedlp
+from fusedlp import _xla
 from fusedlp.eam import SEED_DENSITY, SEED_EMBEDDING
 
 NAN, INF = float("nan"), float("inf")
@@ -507,6 +508,46 @@ def test_poisson_float_counts_get_zero_cotangent(form):
     dk32 = jax.grad(f, argnums=0)(k.astype(np.float32), param)
     assert dk32.dtype == np.float32
     np.testing.assert_array_equal(dk32, np.zeros(3))
+
+
+def _count_eqns(jaxpr) -> int:
+    """Equations of a jaxpr, those of the jaxprs nested in it (cond branches, custom rules)
+    included."""
+    total = 0
+    for eqn in jaxpr.eqns:
+        total += 1
+        for v in eqn.params.values():
+            for sub in v if isinstance(v, (tuple, list)) else (v,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    total += _count_eqns(inner)
+    return total
+
+
+@poisson_forms
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("n", [50, 5000])  # the exact pass alone, and the fast pass
+def test_poisson_counts_known_at_trace_time_give_what_traced_counts_give(form, dtype, n, rng):
+    """Counts closed over by the caller have Loader's data-only part summed once, when the
+    kernel is traced (poisson._data_sum): the same value and gradient as counts passed as
+    jit arguments, also when broadcasting repeats each count, and still -inf with a zero
+    partial off the support; above the exact pass's size, the per-call program is smaller."""
+    f, to_param = POISSONS[form]
+    k = rng.poisson(30.0, size=n)
+    k[:3] = [0, 1, 1000]
+    param = jnp.asarray(to_param(rng.uniform(5.0, 50.0, size=(2, n))), dtype)
+    closed = jax.jit(jax.value_and_grad(lambda p: f(k, p)))
+    traced = jax.jit(jax.value_and_grad(lambda p, k: f(k, p)))
+    (v1, g1), (v2, g2) = closed(param), traced(param, jnp.asarray(k))
+    rtol = 1e-13 if dtype == np.float64 else 1e-5
+    np.testing.assert_allclose(v1, v2, rtol=rtol)
+    np.testing.assert_allclose(g1, g2, rtol=rtol)
+    closed_ops = _count_eqns(jax.make_jaxpr(lambda p: f(k, p))(param).jaxpr)
+    traced_ops = _count_eqns(jax.make_jaxpr(lambda p, k: f(k, p))(param, k).jaxpr)
+    assert closed_ops < traced_ops or n <= _xla.SMALL
+    off = np.where(np.arange(n) == 5, -2, k)
+    v, g = jax.jit(jax.value_and_grad(lambda p: f(off, p)))(param)
+    assert v == -np.inf and np.all(g[:, 5] == 0) and np.all(np.isfinite(g))
 
 
 # =================================================================================== EAM
