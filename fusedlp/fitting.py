@@ -295,7 +295,7 @@ def _linesearch_state(state: PyTree):
 
 
 class _Newton(NamedTuple):
-    """Newton's part of the loop state, computed at the current iterate."""
+    """Newton's step at an iterate."""
 
     direction: jax.Array  # the modified Newton step, flat (ravel_pytree order)
     decrement2: jax.Array  # the squared Newton decrement g^T |H|^-1 g (>= 0)
@@ -306,28 +306,34 @@ class _LoopState(NamedTuple):
 
     params: PyTree  # the current iterate
     loss: jax.Array  # sign * objective at params
-    grad: PyTree  # the loss's gradient at params
-    grad_norm: jax.Array
+    grad_norm: jax.Array  # the norm of the loss's gradient at params
     step: jax.Array  # steps taken (int32)
     history: jax.Array  # the objective after each step; NaN beyond `step`
-    previous: PyTree  # the iterate before params: restored if params diverged
     status: jax.Array  # _RUNNING or a FitStatus
-    inner: PyTree  # the optax state, or _Newton
+    previous: tuple  # (params, loss, grad_norm) before the last step: restored on divergence
+    inner: PyTree  # optax: (its state, the gradient at params); Newton: (_Newton, first pass)
+
+
+def _grad_hessian(loss: Callable, flat: jax.Array):
+    """``loss``'s gradient and Hessian at the vector ``flat``, reverse-over-reverse as
+    :func:`fusedlp.hessian` (fusedlp kernels have no forward mode), keeping the inner pass's
+    gradient. Not the value: formed inside the differentiated function, it would be carried
+    through the linearisation (a kernel's conditional passes and their residuals) only to
+    be dropped, in time and in compiled code."""
+
+    def grad_and_aux(v):
+        g = jax.grad(loss)(v)
+        return g, g
+
+    H, g = jax.jacrev(grad_and_aux, has_aux=True)(flat)
+    return g, H
 
 
 def _value_grad_hessian(loss: Callable, flat: jax.Array):
-    """``loss``, its gradient and its Hessian at the vector ``flat``, in one pass.
-
-    Reverse-over-reverse, as :func:`fusedlp.hessian` (fusedlp kernels have no forward mode),
-    keeping the inner pass's value and gradient instead of computing them again.
-    """
-
-    def grad_and_aux(v):
-        value, g = jax.value_and_grad(loss)(v)
-        return g, (value, g)
-
-    H, (value, g) = jax.jacrev(grad_and_aux, has_aux=True)(flat)
-    return value, g, H
+    """``loss``, its gradient and its Hessian at the vector ``flat`` (the value by a plain
+    call, see `_grad_hessian`)."""
+    g, H = _grad_hessian(loss, flat)
+    return loss(flat), g, H
 
 
 def _modified_newton(g: jax.Array, H: jax.Array) -> _Newton:
@@ -350,10 +356,11 @@ def _modified_newton(g: jax.Array, H: jax.Array) -> _Newton:
     return _Newton(direction=-(Q @ (c / a)) / d, decrement2=jnp.sum(c * c / a))
 
 
-def _backtrack(loss: Callable, flat, value, direction, decrement2):
-    """The first of the steps 1, 1/2, 1/4, ... (at most ``_MAX_HALVINGS``) along
+def _backtrack(loss: Callable, flat, value, direction, decrement2, max_halvings):
+    """The first of the steps 1, 1/2, 1/4, ... (at most ``max_halvings`` halvings) along
     ``direction`` whose loss is finite and lower, by Armijo's condition; returns
-    ``(new_flat, found)`` (``flat`` itself if none is found).
+    ``(new_flat, trial, found)``: ``flat`` itself if none is found, and the last loss
+    evaluated (the new point's if found).
 
     Where the decrease Newton predicts (``decrement2 / 2``) is below the loss's own rounding,
     values cannot rank the points: a step whose loss is equal within that rounding is
@@ -363,127 +370,184 @@ def _backtrack(loss: Callable, flat, value, direction, decrement2):
     below_rounding = decrement2 <= slack
 
     def cond(s):
-        _, j, found = s
-        return ~found & (j < _MAX_HALVINGS)
+        _, j, found, _ = s
+        return ~found & (j <= max_halvings)
 
     def body(s):
-        alpha, j, _ = s
+        alpha, j, _, _ = s
         alpha = jnp.where(j > 0, 0.5 * alpha, alpha)
         trial = loss(flat + alpha * direction)
         lower = (trial < value) & (trial <= value - _ARMIJO * alpha * decrement2)
         found = jnp.isfinite(trial) & (lower | below_rounding & (trial <= value + slack))
-        return alpha, j + 1, found
+        return alpha, j + 1, found, trial
 
-    start = (jnp.ones((), flat.dtype), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.bool_))
-    alpha, _, found = jax.lax.while_loop(cond, body, start)
-    return jnp.where(found, flat + alpha * direction, flat), found
+    start = (jnp.ones((), flat.dtype), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.bool_), value)
+    alpha, _, found, trial = jax.lax.while_loop(cond, body, start)
+    return jnp.where(found, flat + alpha * direction, flat), trial, found
+
+
+def _verdict(max_steps, params, loss, gnorm, step, moved, done, ok):
+    """The status after judging an iterate: ``done`` (the convergence test) and ``ok`` (the
+    method's own finiteness) given; loss, gradient norm and params must be finite too."""
+    # gnorm is finite iff every gradient entry is (or the norm overflows: also divergence)
+    ok = ok & jnp.isfinite(loss) & jnp.isfinite(gnorm) & _tree_all_finite(params)
+    status = jnp.where(step >= max_steps, FitStatus.MAX_STEPS, _RUNNING)
+    status = jnp.where(moved, status, FitStatus.STALLED)
+    status = jnp.where(done, FitStatus.CONVERGED, status)
+    return jnp.where(ok, status, FitStatus.DIVERGED).astype(jnp.int32)
+
+
+def _select(pred, on_true: PyTree, on_false: PyTree) -> PyTree:
+    return jax.tree.map(lambda a, b: jnp.where(pred, a, b), on_true, on_false)
+
+
+class _Settings(NamedTuple):
+    """What both loops share: the loss, its sign, the step limit and the progress report."""
+
+    loss_fn: Callable
+    sign: float
+    max_steps: int
+    report: Callable  # report(step, loss, grad_norm, status)
+
+
+def _first_state(cfg: _Settings, params, loss, gnorm, inner) -> _LoopState:
+    history = jnp.full((cfg.max_steps + 1,), jnp.nan, dtype=loss.dtype).at[0].set(
+        cfg.sign * loss)
+    return _LoopState(params=params, loss=loss, grad_norm=gnorm, step=jnp.zeros((), jnp.int32),
+                      history=history, status=jnp.asarray(_RUNNING, jnp.int32),
+                      previous=(params, loss, gnorm), inner=inner)
+
+
+def _newton_loop(cfg: _Settings, params, rtol) -> _LoopState:
+    """Newton's loop. Each pass searches along the last Newton step (the search's accepted
+    value is the new iterate's), then forms the gradient, Hessian and Newton step there and
+    judges it. The first pass judges ``params`` itself: its search is one evaluation
+    along a zero step. So the objective is formed in one place, the search, and the
+    gradient and Hessian in another."""
+    _, unravel = ravel_pytree(params)
+
+    def loss_flat(v):
+        return cfg.loss_fn(unravel(v))
+
+    def body(s: _LoopState) -> _LoopState:
+        newton, first = s.inner
+        flat = ravel_pytree(s.params)[0]
+        # +inf accepts any finite value at the start (the zero step's Armijo test is trivial)
+        base = jnp.where(first, jnp.inf, s.loss)
+        halvings = jnp.where(first, 0, _MAX_HALVINGS)
+        new_flat, trial, moved = _backtrack(loss_flat, flat, base, newton.direction,
+                                            newton.decrement2, halvings)
+        new_loss = jnp.where(moved | first, trial, s.loss)
+        g, H = _grad_hessian(loss_flat, new_flat)
+        newton = _modified_newton(g, H)
+        gnorm = optax.tree.norm(unravel(g))
+        step = s.step + (~first).astype(jnp.int32)
+        new_params = unravel(new_flat)
+        status = _verdict(cfg.max_steps, new_params, new_loss, gnorm, step, moved | first,
+                          newton.decrement2 <= rtol**2, _tree_all_finite(newton))
+        cfg.report(step, new_loss, gnorm, status)
+        return _LoopState(
+            params=new_params, loss=new_loss, grad_norm=gnorm, step=step,
+            history=s.history.at[step].set(cfg.sign * new_loss), status=status,
+            previous=(s.params, s.loss, s.grad_norm), inner=(newton, jnp.asarray(False)))
+
+    flat = ravel_pytree(params)[0]
+    start = _Newton(direction=jnp.zeros_like(flat), decrement2=jnp.zeros((), flat.dtype))
+    # value and gradient norm are formed by the first pass; here only their dtypes
+    loss = jnp.full((), jnp.nan, jax.eval_shape(cfg.loss_fn, params).dtype)
+    gnorm = jnp.full_like(optax.tree.norm(params), jnp.nan)
+    s = _first_state(cfg, params, loss, gnorm, (start, jnp.asarray(True)))
+    return jax.lax.while_loop(lambda s: s.status == _RUNNING, body, s)
+
+
+def _optax_loop(cfg: _Settings, optimizer, params, rtol, atol) -> _LoopState:
+    """The loop of an optax optimizer: value and gradient after each update, then the
+    verdict (the gradient methods' test, see `fit`)."""
+    value_and_grad = jax.value_and_grad(cfg.loss_fn)
+    opt = optax.with_extra_args_support(optimizer)
+    # A line search (L-BFGS's) has already evaluated value and gradient at the new params
+    # and keeps them in its state: reuse them, as optax.value_and_grad_from_state does.
+    opt_state = opt.init(params)
+    reuse = _linesearch_state(opt_state) is not None
+    loss0, grad = value_and_grad(params)
+
+    def verdict(params, loss, gnorm, step, moved, prev_loss):
+        # scaled by the smaller of |f| and |f(init)|, with a last step that changed f as
+        # little, and never worse than at the start: an objective that runs away (either
+        # way) cannot meet it
+        bound = atol + rtol * jnp.minimum(jnp.abs(loss), jnp.abs(loss0))
+        done = (gnorm <= bound) & (jnp.abs(loss - prev_loss) <= bound) & (loss <= loss0)
+        return _verdict(cfg.max_steps, params, loss, gnorm, step, moved, done, True)
+
+    def body(s: _LoopState) -> _LoopState:
+        opt_state, grad = s.inner
+        updates, opt_state = opt.update(grad, opt_state, s.params, value=s.loss, grad=grad,
+                                        value_fn=cfg.loss_fn)
+        new_params = optax.apply_updates(s.params, updates)
+        if reuse:
+            ls = _linesearch_state(opt_state)
+            new_loss, grad = ls.value, ls.grad
+        else:
+            new_loss, grad = value_and_grad(new_params)
+        gnorm = optax.tree.norm(grad)
+        step = s.step + 1
+        status = verdict(new_params, new_loss, gnorm, step,
+                         _tree_any_changed(new_params, s.params), s.loss)
+        cfg.report(step, new_loss, gnorm, status)
+        return _LoopState(
+            params=new_params, loss=new_loss, grad_norm=gnorm, step=step,
+            history=s.history.at[step].set(cfg.sign * new_loss), status=status,
+            previous=(s.params, s.loss, s.grad_norm), inner=(opt_state, grad))
+
+    gnorm = optax.tree.norm(grad)
+    s = _first_state(cfg, params, loss0, gnorm, (opt_state, grad))
+    status = verdict(params, loss0, gnorm, s.step, jnp.asarray(True), loss0)
+    cfg.report(s.step, loss0, gnorm, status)
+    s = s._replace(status=status)
+    if cfg.max_steps > 0:  # (with no step to take, compile no loop)
+        s = jax.lax.while_loop(lambda s: s.status == _RUNNING, body, s)
+    return s
+
+
+def _progress_report(every: int, max_steps: int, sign: float) -> Callable:
+    """``report(step, loss, grad_norm, status)`` for the loops: the progress bar's update
+    every ``every`` steps while running (and at step 0), or nothing."""
+    if not every:
+        return lambda *args: None
+    bar = _ProgressBar(max_steps)
+
+    def report(step, loss, gnorm, status):
+        jax.lax.cond(
+            (step % every == 0) & ((status == _RUNNING) | (step == 0)),
+            lambda: jax.debug.callback(bar, step, sign * loss, gnorm, False),
+            lambda: None,
+        )
+
+    report.bar = bar
+    return report
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4))
 def _fit_loop(objective, optimizer, maximize, max_steps, every, params, data, rtol, atol):
     sign = -1.0 if maximize else 1.0
-    newton = optimizer == "newton"  # fit has resolved every other name
 
     def loss_fn(p):  # minimised, as optax does
         return sign * objective(p, *data)
 
-    value_and_grad = jax.value_and_grad(loss_fn)
-    _, unravel = ravel_pytree(params)
-
-    def loss_flat(v):
-        return loss_fn(unravel(v))
-
-    if newton:
-
-        def newton_point(p):
-            loss, g, H = _value_grad_hessian(loss_flat, ravel_pytree(p)[0])
-            return loss, unravel(g), _modified_newton(g, H)
-
-        loss, grad, inner = newton_point(params)
+    report = _progress_report(every, max_steps, sign)
+    cfg = _Settings(loss_fn=loss_fn, sign=sign, max_steps=max_steps, report=report)
+    if optimizer == "newton":  # fit has resolved every other name
+        s = _newton_loop(cfg, params, rtol)
     else:
-        opt = optax.with_extra_args_support(optimizer)
-        inner = opt.init(params)
-        # A line search (L-BFGS's) has already evaluated value and gradient at the new
-        # params and keeps them in its state: reuse them, as optax.value_and_grad_from_state
-        # does.
-        reuse = _linesearch_state(inner) is not None
-        loss, grad = value_and_grad(params)
-    loss0 = loss
-    gnorm = optax.tree.norm(grad)
-
-    def verdict(params, loss, gnorm, inner, moved, step, prev_loss):
-        # gnorm is finite iff every gradient entry is (or the norm overflows: also divergence)
-        ok = jnp.isfinite(loss) & jnp.isfinite(gnorm) & _tree_all_finite(params)
-        status = jnp.where(step >= max_steps, FitStatus.MAX_STEPS, _RUNNING)
-        status = jnp.where(moved, status, FitStatus.STALLED)
-        if newton:
-            ok = ok & _tree_all_finite(inner)
-            done = inner.decrement2 <= rtol**2
-        else:
-            # scaled by the smaller of |f| and |f(init)|, with a last step that changed f as
-            # little, and never worse than at the start: an objective that runs away (either
-            # way) cannot meet it
-            bound = atol + rtol * jnp.minimum(jnp.abs(loss), jnp.abs(loss0))
-            done = (gnorm <= bound) & (jnp.abs(loss - prev_loss) <= bound) & (loss <= loss0)
-        status = jnp.where(done, FitStatus.CONVERGED, status)
-        return jnp.where(ok, status, FitStatus.DIVERGED).astype(jnp.int32)
-
-    step = jnp.zeros((), jnp.int32)
-    status = verdict(params, loss, gnorm, inner, jnp.asarray(True), step, loss)
-    history = jnp.full((max_steps + 1,), jnp.nan, dtype=loss.dtype).at[0].set(sign * loss)
-    report = _ProgressBar(max_steps) if every else None
-    if every:
-        jax.debug.callback(report, step, sign * loss, gnorm, False)
-
-    # The body selects nothing: a diverging step is computed and carried like any other, and
-    # the previous parameters ride along, to be restored once, after the loop.
-    def body(s: _LoopState) -> _LoopState:
-        if newton:
-            new_flat, moved = _backtrack(loss_flat, ravel_pytree(s.params)[0], s.loss,
-                                         s.inner.direction, s.inner.decrement2)
-            new_params = unravel(new_flat)
-            new_loss, grad, inner = newton_point(new_params)
-        else:
-            updates, inner = opt.update(s.grad, s.inner, s.params, value=s.loss, grad=s.grad,
-                                        value_fn=loss_fn)
-            new_params = optax.apply_updates(s.params, updates)
-            if reuse:
-                ls = _linesearch_state(inner)
-                new_loss, grad = ls.value, ls.grad
-            else:
-                new_loss, grad = value_and_grad(new_params)
-            moved = _tree_any_changed(new_params, s.params)
-        new_gnorm = optax.tree.norm(grad)
-        step = s.step + 1
-        status = verdict(new_params, new_loss, new_gnorm, inner, moved, step, s.loss)
-        history = s.history.at[step].set(sign * new_loss)
-        if every:
-            jax.lax.cond(
-                (step % every == 0) & (status == _RUNNING),
-                lambda: jax.debug.callback(report, step, sign * new_loss, new_gnorm, False),
-                lambda: None,
-            )
-        return _LoopState(params=new_params, loss=new_loss, grad=grad, grad_norm=new_gnorm,
-                          step=step, history=history, previous=s.params, status=status,
-                          inner=inner)
-
-    s = _LoopState(params=params, loss=loss, grad=grad, grad_norm=gnorm, step=step,
-                   history=history, previous=params, status=status, inner=inner)
-    if max_steps > 0:  # (with no step to take, compile no loop)
-        s = jax.lax.while_loop(lambda s: s.status == _RUNNING, body, s)
-    params, loss, gnorm, step = s.params, s.loss, s.grad_norm, s.step
-    if max_steps > 0:  # restore the last finite iterate (at step 0 there is none)
-        back = (s.status == FitStatus.DIVERGED) & (step > 0)
-
-        def restore():
-            loss, grad = value_and_grad(s.previous)
-            return s.previous, loss, optax.tree.norm(grad)
-
-        params, loss, gnorm = jax.lax.cond(back, restore, lambda: (params, loss, gnorm))
-        step = step - back.astype(step.dtype)
+        s = _optax_loop(cfg, optimizer, params, rtol, atol)
+    # A diverging step was computed and carried like any other: restore the last finite
+    # iterate, which rode along (at step 0 there is none).
+    back = (s.status == FitStatus.DIVERGED) & (s.step > 0)
+    params, loss, gnorm = _select(back, s.previous, (s.params, s.loss, s.grad_norm))
+    step = s.step - back.astype(s.step.dtype)
     history = jnp.where(jnp.arange(max_steps + 1) <= step, s.history, jnp.nan)
     if every:
-        jax.debug.callback(report, step, sign * loss, gnorm, True)
+        jax.debug.callback(report.bar, step, sign * loss, gnorm, True)
     return FitResult(
         params=params,
         value=sign * loss,
