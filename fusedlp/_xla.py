@@ -102,9 +102,12 @@ def fast_or_exact(n: int, fast: Callable, exact: Callable, *arrays):
     member sends the batch to the exact pass, which is right for every member.
 
     The fast pass runs once, ahead of the cond that passes its result on. Differentiated
-    (only second derivatives, `fusedlp.hessian`, differentiate a forward rule), it is
-    formed again inside the taken branch: otherwise the zero cotangent of an untaken fast
-    pass would meet its infinite local derivatives at an edge element (0 * inf = NaN).
+    (only second derivatives, `fusedlp.hessian`, differentiate a forward rule), the exact
+    pass alone is: a second derivative's forward-mode tangents are written out as arrays
+    whatever the layout, so the select-free form gains nothing there, while differentiating
+    both passes and the cond made a Newton fit's program several times slower to trace and
+    compile (docs/performance.md); and no zero cotangent of an untaken fast pass can meet
+    its infinite local derivatives at an edge element (0 * inf = NaN).
     """
     if n <= SMALL:
         return exact(*arrays)
@@ -120,9 +123,6 @@ def fast_or_exact(n: int, fast: Callable, exact: Callable, *arrays):
 
     @pick.defjvp
     def _pick_jvp(primals, tangents):
-        def branches(*a):
-            ok = finite(jax.lax.stop_gradient(fast(*a)))
-            return jax.lax.cond(ok, lambda: fast(*a), lambda: exact(*a))
-        return jax.jvp(branches, primals, tangents)
+        return jax.jvp(exact, primals, tangents)
 
     return pick(*arrays)
