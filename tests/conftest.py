@@ -60,3 +60,15 @@ def _validation_off():
     fusedlp.enable_validation(False)
     yield
     fusedlp.enable_validation(False)
+
+
+@pytest.fixture(scope="module")
+def empty_dispatch_cache():
+    """jax's C++ dispatch cache emptied, once per module, before a test that counts entries.
+
+    ``jitted._cache_size()`` counts a function's entries in that cache, which is process-wide:
+    8192 executables shared by every jitted function, jax.numpy's eager operations included.
+    Once a long session has filled it, a new function's entry is dropped at once (size 0:
+    each call is dispatched from Python; nothing is retraced), and the count means nothing.
+    """
+    jax.clear_caches()

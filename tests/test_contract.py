@@ -264,7 +264,298 @@ EAM = Case(
     shapes=(((5,),), ((3, 5),), ((2, 3, 4),)),
 )
 
-CASES = (NORMAL, POISSON, POISSON_LOG, EAM)
+# --- the fuse-built kernels: Student's t, gamma, negative binomial, Bernoulli and binomial
+# with a logit. Their magnitudes are written out term by term (value) and piece by piece
+# (each partial of the plain formula), so that cancellation between the pieces (the
+# lgamma/digamma differences at large parameters, k - n sigmoid(eta)) sets the absolute
+# tolerance, as the normal case's 0.5 z^2 + |log scale| + ... does. Two broadcast patterns
+# each (their compilations dominate the module's time): between them a scalar parameter
+# (a partial summed over the data), a vector one, and a broadcast in both directions.
+
+
+def elementwise_mag(parts: Callable, args) -> list[np.ndarray]:
+    """``parts`` (float64 numpy args broadcast to one shape -> one elementwise magnitude array
+    per differentiated argument) summed back to each argument's shape."""
+    args = [as64(a) for a in args]
+    shape = np.broadcast_shapes(*(np.shape(a) for a in args))
+    full = [np.broadcast_to(a, shape) for a in args]
+    # parts lists the differentiated arguments in order; their shapes come from args
+    return [sum_to_shape(np.broadcast_to(m, shape), np.shape(args[i]))
+            for i, m in parts(*full)]
+
+
+def _student_t_make(rng, shapes, dtype, profile):
+    xs, ds, ls, ss = shapes
+    if profile == "wide":
+        loc = rng.normal(0.0, 3.0, ls)
+        x = rng.standard_t(3.0, xs) * 5.0
+        if x.size:
+            x.flat[0] = 1e3  # far in the tail
+        df = 10.0 ** rng.uniform(-1.0, 3.0, ds)
+        scale = 10.0 ** rng.uniform(-2.0, 2.0, ss)
+    else:
+        loc = rng.normal(0.0, 1.0, ls)
+        x = rng.normal(0.0, 2.0, xs)
+        df = rng.uniform(2.0, 10.0, ds)
+        scale = rng.uniform(0.5, 2.0, ss)
+    return tuple(np.asarray(a, dtype=dtype) for a in (x, df, loc, scale))
+
+
+def _student_t_pieces(x, df, loc, scale):
+    z = (x - loc) / scale
+    h = 0.5 * (df + 1.0)
+    lq = np.log1p(z * z / df)
+    return z, h, lq
+
+
+def _student_t_reference(x, df, loc, scale):
+    terms = scipy.stats.t.logpdf(x, df, loc, scale)
+    _, h, lq = _student_t_pieces(x, df, loc, scale)
+    mag = (np.abs(scipy.special.gammaln(h)) + np.abs(scipy.special.gammaln(0.5 * df))
+           + 0.5 * np.abs(np.log(df * np.pi)) + np.abs(np.log(scale)) + h * lq)
+    return np.sum(terms), np.sum(np.broadcast_to(mag, terms.shape))
+
+
+def _student_t_mag_parts(x, df, loc, scale):
+    z, h, lq = _student_t_pieces(x, df, loc, scale)
+    dz = (df + 1.0) * np.abs(z) / (scale * (df + z * z))  # |d/dx| = |d/dloc|
+    ddf = (0.5 * (np.abs(scipy.special.digamma(h)) + np.abs(scipy.special.digamma(0.5 * df))
+                  + 1.0 / df + lq) + h * z * z / (df * (df + z * z)))
+    dscale = ((df + 1.0) * z * z / (df + z * z) + 1.0) / scale
+    return [(0, dz), (1, ddf), (2, dz), (3, dscale)]
+
+
+def _student_t_terms(x, df, loc, scale):
+    return jsp_stats.t.logpdf(x, df, loc, scale)
+
+
+STUDENT_T = Case(
+    name="student_t",
+    fused=lambda x, df, loc, scale: fusedlp.student_t_lpdf(x, df, loc, scale),
+    reference=_student_t_reference,
+    plain=lambda *a: jnp.sum(_student_t_terms(*a)),
+    grad_mag=lambda *a: elementwise_mag(_student_t_mag_parts, a),
+    make=_student_t_make,
+    diff=(0, 1, 2, 3),
+    shapes=(
+        ((3, 4), (4,), (3, 1), ()),
+        ((), (5,), (), (5,)),
+    ),
+)
+
+
+def _gamma_make(rng, shapes, dtype, profile):
+    xs, as_, rs = shapes
+    if profile == "wide":
+        x = 10.0 ** rng.uniform(-3.0, 3.0, xs)
+        shape = 10.0 ** rng.uniform(-1.0, 3.0, as_)  # both sides of the Loader form at 2
+        rate = 10.0 ** rng.uniform(-2.0, 2.0, rs)
+    else:
+        x = rng.uniform(0.5, 3.0, xs)
+        shape = rng.uniform(1.5, 5.0, as_)
+        rate = rng.uniform(0.5, 2.0, rs)
+    return tuple(np.asarray(a, dtype=dtype) for a in (x, shape, rate))
+
+
+def _gamma_reference(x, shape, rate):
+    terms = scipy.stats.gamma.logpdf(x, shape, scale=1.0 / rate)
+    lx, lr = np.abs(np.log(x)), np.abs(np.log(rate))
+    mag = (lr + np.abs(shape - 1.0) * (lr + lx) + np.abs(scipy.special.gammaln(shape))
+           + rate * x)
+    return np.sum(terms), np.sum(np.broadcast_to(mag, terms.shape))
+
+
+def _gamma_mag_parts(x, shape, rate):
+    return [(0, np.abs(shape - 1.0) / x + rate),
+            (1, np.abs(np.log(rate)) + np.abs(scipy.special.digamma(shape))
+             + np.abs(np.log(x))),
+            (2, shape / rate + x)]
+
+
+def _gamma_terms(x, shape, rate):
+    return jsp_stats.gamma.logpdf(x, shape, scale=1.0 / rate)
+
+
+GAMMA = Case(
+    name="gamma",
+    fused=lambda x, shape, rate: fusedlp.gamma_lpdf(x, shape, rate),
+    reference=_gamma_reference,
+    plain=lambda *a: jnp.sum(_gamma_terms(*a)),
+    grad_mag=lambda *a: elementwise_mag(_gamma_mag_parts, a),
+    make=_gamma_make,
+    diff=(0, 1, 2),
+    shapes=(
+        ((6,), (), ()),
+        ((3, 4), (4,), (3, 1)),
+    ),
+)
+
+
+def _nb_make(rng, shapes, dtype, profile):
+    ks, ms, cs = shapes
+    if profile == "wide":
+        k = _counts(rng, ks)
+        mean = 10.0 ** rng.uniform(-1.0, 3.0, ms)
+        conc = 10.0 ** rng.uniform(-1.0, 2.0, cs)
+    else:
+        k = np.asarray(rng.integers(0, 15, ks), dtype=np.int32)
+        mean = rng.uniform(1.0, 10.0, ms)
+        conc = rng.uniform(1.0, 10.0, cs)
+    return k, np.asarray(mean, dtype=dtype), np.asarray(conc, dtype=dtype)
+
+
+def _nb_reference(k, mean, conc):
+    terms = scipy.stats.nbinom.logpmf(k, conc, conc / (conc + mean))
+    k = np.asarray(k, np.float64)
+    s = mean + conc
+    mag = (scipy.special.gammaln(k + conc) + np.abs(scipy.special.gammaln(conc))
+           + scipy.special.gammaln(k + 1.0) + k * np.abs(np.log(mean / s))
+           + conc * np.abs(np.log(conc / s))
+           # scipy's own conditioning: it takes p = conc / (conc + mean), rounded, and forms
+           # k log1p(-p), whose error is k eps p / (1 - p) = k eps conc / mean
+           + k * conc / mean)
+    return np.sum(terms), np.sum(np.broadcast_to(mag, terms.shape))
+
+
+def _nb_mag_parts(k, mean, conc):
+    k = np.asarray(k, np.float64)
+    s = mean + conc
+    return [(1, k / mean + (k + conc) / s),
+            (2, np.abs(scipy.special.digamma(k + conc)) + np.abs(scipy.special.digamma(conc))
+             + np.abs(np.log(conc / s)) + 1.0 + (k + conc) / s)]
+
+
+def _nb_terms(k, mean, conc):
+    # the mean/concentration form (jax.scipy.stats.nbinom's p = conc / (conc + mean) would
+    # carry the rounding of 1 - p into d/dmean at conc >> mean)
+    k = jnp.asarray(k, mean.dtype)
+    s = mean + conc
+    return (jsp_special.gammaln(k + conc) - jsp_special.gammaln(conc)
+            - jsp_special.gammaln(k + 1.0) + jsp_special.xlogy(k, mean / s)
+            + conc * jnp.log(conc / s))
+
+
+NEGATIVE_BINOMIAL = Case(
+    name="negative_binomial",
+    fused=lambda k, mean, conc: fusedlp.negative_binomial_lpmf(k, mean, conc),
+    reference=_nb_reference,
+    plain=lambda *a: jnp.sum(_nb_terms(*a)),
+    grad_mag=lambda *a: elementwise_mag(_nb_mag_parts, a),
+    make=_nb_make,
+    diff=(1, 2),
+    shapes=(
+        ((3, 4), (4,), (3, 1)),
+        ((), (5,), ()),
+    ),
+)
+
+
+def _logit_draw(rng, shape, profile):
+    if profile == "fd":
+        return rng.normal(0.0, 1.5, shape)
+    eta = rng.normal(0.0, 4.0, shape)
+    if eta.size >= 2:
+        eta.flat[:2] = [-40.0, 40.0]  # p = 4e-18 and 1 - 4e-18
+    return eta
+
+
+def _bernoulli_make(rng, shapes, dtype, profile):
+    ys, ls = shapes
+    y = rng.integers(0, 2, ys)
+    if y.size >= 2:
+        y.flat[:2] = [0, 1]
+    return np.asarray(y, dtype=np.int32), np.asarray(_logit_draw(rng, ls, profile), dtype)
+
+
+def _bernoulli_reference(y, eta):
+    # log p(y | eta) = log sigmoid(+-eta), passed to scipy as p = expit(+-eta) with the sign
+    # that makes y = 1: scipy's log1p(-p) at p = expit(40) would be log(0) (p rounds to 1)
+    t = np.where(y == 1, eta, -eta)
+    terms = scipy.stats.bernoulli.logpmf(np.ones_like(t), scipy.special.expit(t))
+    return np.sum(terms), np.sum(np.abs(terms))  # every term <= 0: no cancellation
+
+
+def _bernoulli_terms(y, eta):
+    return jax.nn.log_sigmoid(jnp.where(y == 1, eta, -eta))
+
+
+BERNOULLI_LOGIT = Case(
+    name="bernoulli_logit",
+    fused=lambda y, eta: fusedlp.bernoulli_logit_lpmf(y, eta),
+    reference=_bernoulli_reference,
+    plain=lambda *a: jnp.sum(_bernoulli_terms(*a)),
+    grad_mag=lambda *a: broadcast_grad_mag(_bernoulli_terms, (1,), a),
+    make=_bernoulli_make,
+    diff=(1,),
+    shapes=(
+        ((6,), ()),
+        ((3, 4), (4,)),
+    ),
+)
+
+# trials: fixed per shape (every draw for one shape has the same n, so that the vmap test's
+# counts from one draw are in the support of another's trials); 0 (only k = 0) included
+_N_POOL = np.array([20, 1, 1000, 5, 150, 0, 2, 40])
+
+
+def _binomial_make(rng, shapes, dtype, profile):
+    ks, ns, ls = shapes
+    n = np.resize(_N_POOL if profile == "wide" else _N_POOL[[0, 3, 7, 6]], ns)
+    # k <= the smallest n it is broadcast against
+    full = np.broadcast_to(n, np.broadcast_shapes(ks, ns, ls))
+    lead = full.ndim - len(ks)
+    nmin = full.min(axis=tuple(range(lead))) if lead else full
+    axes = tuple(i for i, m in enumerate(ks) if m == 1 and nmin.shape[i] != 1)
+    nmin = (nmin.min(axis=axes, keepdims=True) if axes else nmin).reshape(ks)
+    k = np.floor(rng.uniform(0.0, 1.0, ks) * (nmin + 1)).astype(np.int64)
+    if k.size >= 2:
+        k.flat[0], k.flat[1] = 0, nmin.flat[1]  # k = 0 and k = n
+    return (np.asarray(k, np.int32), np.asarray(n, np.int32),
+            np.asarray(_logit_draw(rng, ls, profile), dtype))
+
+
+def _binomial_reference(k, n, eta):
+    # binom(k | n, p) = binom(n - k | n, 1 - p): scipy gets p = expit(-|eta|) <= 1/2, whose
+    # 1 - p keeps its digits (expit(40) rounds to 1)
+    k, n, eta = np.broadcast_arrays(k, n, eta)
+    kk = np.where(eta > 0, n - k, k)
+    terms = scipy.stats.binom.logpmf(kk, n, scipy.special.expit(-np.abs(eta)))
+    k = np.asarray(k, np.float64)
+    n = np.asarray(n, np.float64)
+    g = scipy.special.gammaln
+    mag = (g(n + 1.0) + g(k + 1.0) + g(n - k + 1.0) - k * scipy.special.log_expit(eta)
+           - (n - k) * scipy.special.log_expit(-eta))
+    return np.sum(terms), np.sum(mag)
+
+
+def _binomial_mag_parts(k, n, eta):
+    k, n = np.asarray(k, np.float64), np.asarray(n, np.float64)
+    return [(2, k * scipy.special.expit(-eta) + (n - k) * scipy.special.expit(eta))]
+
+
+def _binomial_terms(k, n, eta):
+    k, n = jnp.asarray(k, eta.dtype), jnp.asarray(n, eta.dtype)
+    return (jsp_special.gammaln(n + 1.0) - jsp_special.gammaln(k + 1.0)
+            - jsp_special.gammaln(n - k + 1.0) + k * jax.nn.log_sigmoid(eta)
+            + (n - k) * jax.nn.log_sigmoid(-eta))
+
+
+BINOMIAL_LOGIT = Case(
+    name="binomial_logit",
+    fused=lambda k, n, eta: fusedlp.binomial_logit_lpmf(k, n, eta),
+    reference=_binomial_reference,
+    plain=lambda *a: jnp.sum(_binomial_terms(*a)),
+    grad_mag=lambda *a: elementwise_mag(_binomial_mag_parts, a),
+    make=_binomial_make,
+    diff=(2,),
+    shapes=(
+        ((6,), (6,), ()),
+        ((3, 4), (4,), (4,)),
+    ),
+)
+
+CASES = (NORMAL, POISSON, POISSON_LOG, EAM, STUDENT_T, GAMMA, NEGATIVE_BINOMIAL,
+         BERNOULLI_LOGIT, BINOMIAL_LOGIT)
 
 
 def _shape_id(shapes):
@@ -395,7 +686,7 @@ def test_vmap_over_leading_batch_axis(case, shapes, dtype, rng, tol):
 
 
 @case_shapes
-def test_no_retracing(case, shapes, dtype, rng):
+def test_no_retracing(case, shapes, dtype, rng, empty_dispatch_cache):
     first = case.make(rng, shapes, dtype, "wide")
     second = case.make(rng, shapes, dtype, "wide")
     chex.clear_trace_counter()  # the counter is keyed by code location, shared across params

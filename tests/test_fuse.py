@@ -280,7 +280,7 @@ def test_undifferentiated_arguments_cost_nothing(n):
         assert some["reduce_sum"] <= every["reduce_sum"], subset
 
 
-def test_vmap_jit_and_no_retracing(rng, tol):
+def test_vmap_jit_and_no_retracing(rng, tol, empty_dispatch_cache):
     t = tol(np.float64)
     x = rng.normal(size=(2, 3000))  # over fuse's cond threshold: vmap batches the predicate
     x[1, 5] = INF
