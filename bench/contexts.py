@@ -50,15 +50,15 @@ FLOOR, MEDIAN_TARGET, NUMPYRO_TARGET = 0.9, 1.0, 1.3
 
 @dataclass(frozen=True)
 class Case:
-    """``fused(data, vector)`` / ``baseline(data, vector)``: the log-density with its vector
-    parameter; ``fused_scalar`` / ``baseline_scalar`` take ``(data, scalars)`` instead."""
+    """``fused(data, *params)`` / ``baseline(data, *params)``: the log-density. ``make(n, rng)``
+    gives ``(data, vector, params)``: the vector contexts pass ``params`` with entry
+    ``vector_at`` replaced by ``vector``; the scalar context passes ``params`` as arrays."""
 
     name: str
-    make: object  # (n, rng) -> (data tuple, vector parameter, scalar parameters)
+    make: object
     fused: object
     baseline: object
-    fused_scalar: object
-    baseline_scalar: object
+    vector_at: int
     baseline_name: str
 
 
@@ -110,65 +110,44 @@ def _cases() -> list[Case]:
         return conc / (mean + conc)
 
     return [
-        Case("normal", continuous,
-             lambda d, v: fusedlp.normal_lpdf(d[0], v, 1.3),
-             lambda d, v: jnp.sum(jst.norm.logpdf(d[0], v, 1.3)),
-             lambda d, s: fusedlp.normal_lpdf(d[0], s[0], s[1]),
-             lambda d, s: jnp.sum(jst.norm.logpdf(d[0], s[0], s[1])), "norm.logpdf"),
-        Case("poisson", poisson,
-             lambda d, v: fusedlp.poisson_lpmf(d[0], v),
-             lambda d, v: jnp.sum(jst.poisson.logpmf(d[0], v)),
-             lambda d, s: fusedlp.poisson_lpmf(d[0], s[0]),
-             lambda d, s: jnp.sum(jst.poisson.logpmf(d[0], s[0])), "poisson.logpmf"),
-        Case("poisson_log", poisson_log,
-             lambda d, v: fusedlp.poisson_log_lpmf(d[0], v),
-             lambda d, v: jnp.sum(jst.poisson.logpmf(d[0], jnp.exp(v))),
-             lambda d, s: fusedlp.poisson_log_lpmf(d[0], s[0]),
-             lambda d, s: jnp.sum(jst.poisson.logpmf(d[0], jnp.exp(s[0]))),
+        Case("normal", continuous, lambda d, loc, scale: fusedlp.normal_lpdf(d[0], loc, scale),
+             lambda d, loc, scale: jnp.sum(jst.norm.logpdf(d[0], loc, scale)), 0,
+             "norm.logpdf"),
+        Case("poisson", poisson, lambda d, rate: fusedlp.poisson_lpmf(d[0], rate),
+             lambda d, rate: jnp.sum(jst.poisson.logpmf(d[0], rate)), 0, "poisson.logpmf"),
+        Case("poisson_log", poisson_log, lambda d, eta: fusedlp.poisson_log_lpmf(d[0], eta),
+             lambda d, eta: jnp.sum(jst.poisson.logpmf(d[0], jnp.exp(eta))), 0,
              "poisson.logpmf(k, exp(eta))"),
         Case("poisson_log, normalized=False", poisson_log,
-             lambda d, v: fusedlp.poisson_log_lpmf(d[0], v, normalized=False),
-             lambda d, v: jnp.sum(d[0] * v - jnp.exp(v)),
-             lambda d, s: fusedlp.poisson_log_lpmf(d[0], s[0], normalized=False),
-             lambda d, s: jnp.sum(d[0] * s[0] - jnp.exp(s[0])), "k*eta - exp(eta)"),
+             lambda d, eta: fusedlp.poisson_log_lpmf(d[0], eta, normalized=False),
+             lambda d, eta: jnp.sum(d[0] * eta - jnp.exp(eta)), 0, "k*eta - exp(eta)"),
         Case("negative_binomial", nb,
-             lambda d, v: fusedlp.negative_binomial_lpmf(d[0], v, 3.0),
-             lambda d, v: jnp.sum(jst.nbinom.logpmf(d[0], 3.0, nb_prob(v, 3.0))),
-             lambda d, s: fusedlp.negative_binomial_lpmf(d[0], s[0], s[1]),
-             lambda d, s: jnp.sum(jst.nbinom.logpmf(d[0], s[1], nb_prob(s[0], s[1]))),
-             "nbinom.logpmf(k, phi, phi/(mu+phi))"),
+             lambda d, mean, conc: fusedlp.negative_binomial_lpmf(d[0], mean, conc),
+             lambda d, mean, conc: jnp.sum(jst.nbinom.logpmf(d[0], conc, nb_prob(mean, conc))),
+             0, "nbinom.logpmf(k, phi, phi/(mu+phi))"),
         Case("student_t", t_data,
-             lambda d, v: fusedlp.student_t_lpdf(d[0], 5.0, v, 1.3),
-             lambda d, v: jnp.sum(jst.t.logpdf(d[0], 5.0, v, 1.3)),
-             lambda d, s: fusedlp.student_t_lpdf(d[0], s[0], s[1], s[2]),
-             lambda d, s: jnp.sum(jst.t.logpdf(d[0], s[0], s[1], s[2])), "t.logpdf"),
-        Case("gamma", gamma,
-             lambda d, v: fusedlp.gamma_lpdf(d[0], 2.5, v),
-             lambda d, v: jnp.sum(jst.gamma.logpdf(d[0], 2.5, scale=1.0 / v)),
-             lambda d, s: fusedlp.gamma_lpdf(d[0], s[0], s[1]),
-             lambda d, s: jnp.sum(jst.gamma.logpdf(d[0], s[0], scale=1.0 / s[1])),
-             "gamma.logpdf(x, a, scale=1/rate)"),
-        Case("bernoulli_logit", bernoulli,
-             lambda d, v: fusedlp.bernoulli_logit_lpmf(d[0], v),
-             lambda d, v: jnp.sum(jst.bernoulli.logpmf(d[0], jsp.expit(v))),
-             lambda d, s: fusedlp.bernoulli_logit_lpmf(d[0], s[0]),
-             lambda d, s: jnp.sum(jst.bernoulli.logpmf(d[0], jsp.expit(s[0]))),
+             lambda d, df, loc, scale: fusedlp.student_t_lpdf(d[0], df, loc, scale),
+             lambda d, df, loc, scale: jnp.sum(jst.t.logpdf(d[0], df, loc, scale)), 1,
+             "t.logpdf"),
+        Case("gamma", gamma, lambda d, shape, rate: fusedlp.gamma_lpdf(d[0], shape, rate),
+             lambda d, shape, rate: jnp.sum(jst.gamma.logpdf(d[0], shape, scale=1.0 / rate)),
+             1, "gamma.logpdf(x, a, scale=1/rate)"),
+        Case("bernoulli_logit", bernoulli, lambda d, eta: fusedlp.bernoulli_logit_lpmf(d[0], eta),
+             lambda d, eta: jnp.sum(jst.bernoulli.logpmf(d[0], jsp.expit(eta))), 0,
              "bernoulli.logpmf(y, expit(eta))"),
         Case("binomial_logit", binomial,
-             lambda d, v: fusedlp.binomial_logit_lpmf(d[0], d[1], v),
-             lambda d, v: jnp.sum(jst.binom.logpmf(d[0], d[1], jsp.expit(v))),
-             lambda d, s: fusedlp.binomial_logit_lpmf(d[0], d[1], s[0]),
-             lambda d, s: jnp.sum(jst.binom.logpmf(d[0], d[1], jsp.expit(s[0]))),
+             lambda d, eta: fusedlp.binomial_logit_lpmf(d[0], d[1], eta),
+             lambda d, eta: jnp.sum(jst.binom.logpmf(d[0], d[1], jsp.expit(eta))), 0,
              "binom.logpmf(k, n, expit(eta))"),
     ]
 
 
-def _programs(fn, scalar_fn, data, vec, scalars) -> dict:
+def _programs(fn, at, data, vec, scalars) -> dict:
     """Each context's (compiled program, its arguments)."""
     import jax.numpy as jnp
 
-    def vg(d, v):
-        return jax.value_and_grad(lambda v: fn(d, v))(v)
+    def vg(d, v):  # the parameter at `at` is the vector; the others keep their values
+        return jax.value_and_grad(lambda v: fn(d, *scalars[:at], v, *scalars[at + 1:]))(v)
 
     def as_int(a, dt):
         return jnp.asarray(a.astype(dt) if a.dtype.kind == "i" else a)
@@ -193,7 +172,7 @@ def _programs(fn, scalar_fn, data, vec, scalars) -> dict:
         "closed": (lambda v: vg(concrete, v), (v,)),
         "vmap10": (jax.vmap(vg), (batched, v.reshape(10, -1))),
         "while5": (steps, (d32, v)),
-        "scalar": (lambda d, s: jax.value_and_grad(lambda s: scalar_fn(d, s))(s), (d32, s)),
+        "scalar": (lambda d, s: jax.value_and_grad(lambda s: fn(d, *s))(s), (d32, s)),
     }
     out = {}
     for ctx, (f, args) in progs.items():
@@ -206,8 +185,8 @@ def _programs(fn, scalar_fn, data, vec, scalars) -> dict:
 def bench_case(case: Case, n: int, cfg: dict) -> dict:
     rng = np.random.default_rng(0)
     data, vec, scalars = case.make(n, rng)
-    fused = _programs(case.fused, case.fused_scalar, data, vec, scalars)
-    base = _programs(case.baseline, case.baseline_scalar, data, vec, scalars)
+    fused = _programs(case.fused, case.vector_at, data, vec, scalars)
+    base = _programs(case.baseline, case.vector_at, data, vec, scalars)
     # the same numbers from both before anything is timed
     for ctx in ("args_i32", "scalar"):
         (fv, fg), (bv, bg) = fused[ctx][0](), base[ctx][0]()
