@@ -93,6 +93,13 @@ def stirlerr_int(k):
                      stirling_series(jnp.where(small, STIRLERR_TABLE_SIZE, k)))
 
 
+def log_factorial_rest(k, stirlerr):
+    """log k! - (k log k - k) = stirlerr(k) + log(2 pi k) / 2 for k >= 1, given the form of
+    stirlerr to use: the part of log k! that Loader's forms keep apart from bd0 (it depends
+    on the count alone)."""
+    return stirlerr(k) + HALF_LOG_2PI + 0.5 * jnp.log(k)
+
+
 def stirlerr_int_fast(k):
     """`stirlerr_int` for integer-valued k >= 1 without a select or a gather (XLA:CPU
     writes either out as an array ahead of a reduction; fusedlp._xla): the table's entries

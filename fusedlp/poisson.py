@@ -63,8 +63,7 @@ def _normalized_terms(stirlerr, k, rate, log_rate=None):
     lam under- or overflows (eta = -200 in float32). The caller applies the verdicts.
     """
     kp = jnp.where(k > 0, k, 1.0)
-    t = (-(stirlerr(kp) + _special.HALF_LOG_2PI + 0.5 * jnp.log(kp))
-         - _special.bd0(kp, rate, log_m=log_rate))
+    t = -_special.log_factorial_rest(kp, stirlerr) - _special.bd0(kp, rate, log_m=log_rate)
     return jnp.where(k > 0, t, -rate)
 
 
@@ -137,7 +136,7 @@ def _fast(normalized, integer_k, k, param, log_form, want_partial, data_sum=None
             positive = jnp.minimum(k, 1.0)  # 1 for a count k >= 1, 0 at k = 0
             t = _special.bd0_fast(kp, rate)
             if data_sum is None:
-                t = t + _special.stirlerr_int_fast(kp) + _special.HALF_LOG_2PI + 0.5 * jnp.log(kp)
+                t = _special.log_factorial_rest(kp, _special.stirlerr_int_fast) + t
             t = -positive * t - (1.0 - positive) * rate
         else:
             t = k * (param if log_form else jnp.log(rate)) - rate
@@ -337,7 +336,7 @@ def _data_sum(normalized, k, dtype, shape):
         if not bool(jnp.all(_in_support(k, False))):
             return None
         kp = jnp.maximum(k, 1.0)
-        part = _special.stirlerr_int(kp) + _special.HALF_LOG_2PI + 0.5 * jnp.log(kp)
+        part = _special.log_factorial_rest(kp, _special.stirlerr_int)
         repeats = math.prod(shape) // max(k.size, 1)
         return repeats * jnp.sum(jnp.where(k > 0, part, 0.0))
 
