@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import scipy.special
 import scipy.stats
+from _helpers import count_primitives
 
 import fusedlp
 from fusedlp import _xla
@@ -510,20 +511,6 @@ def test_poisson_float_counts_get_zero_cotangent(form):
     np.testing.assert_array_equal(dk32, np.zeros(3))
 
 
-def _count_eqns(jaxpr) -> int:
-    """Equations of a jaxpr, those of the jaxprs nested in it (cond branches, custom rules)
-    included."""
-    total = 0
-    for eqn in jaxpr.eqns:
-        total += 1
-        for v in eqn.params.values():
-            for sub in v if isinstance(v, (tuple, list)) else (v,):
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    total += _count_eqns(inner)
-    return total
-
-
 @poisson_forms
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("n", [50, 5000])  # the exact pass alone, and the fast pass
@@ -542,8 +529,9 @@ def test_poisson_counts_known_at_trace_time_give_what_traced_counts_give(form, d
     rtol = 1e-13 if dtype == np.float64 else 1e-5
     np.testing.assert_allclose(v1, v2, rtol=rtol)
     np.testing.assert_allclose(g1, g2, rtol=rtol)
-    closed_ops = _count_eqns(jax.make_jaxpr(lambda p: f(k, p))(param).jaxpr)
-    traced_ops = _count_eqns(jax.make_jaxpr(lambda p, k: f(k, p))(param, k).jaxpr)
+    closed_ops = sum(count_primitives(jax.make_jaxpr(lambda p: f(k, p))(param).jaxpr).values())
+    traced_ops = sum(count_primitives(
+        jax.make_jaxpr(lambda p, k: f(k, p))(param, k).jaxpr).values())
     assert closed_ops < traced_ops or n <= _xla.SMALL
     off = np.where(np.arange(n) == 5, -2, k)
     v, g = jax.jit(jax.value_and_grad(lambda p: f(off, p)))(param)
