@@ -200,6 +200,10 @@ def _poisson_propto_int_sum(k, rate):
     return jnp.sum(jnp.minimum(t, (k + 0.5) * jnp.inf))
 
 
+# The exact passes are jitted so that a program calling a kernel at several sites (a fit:
+# line search, gradient, Hessian, standard errors) traces and lowers each once; XLA inlines
+# the call, so the compiled program is the same (docs/performance.md).
+@partial(jax.jit, static_argnums=(0, 1))
 def _poisson_exact_value(normalized, integer_k, k, rate):
     return _by_stirlerr(normalized, k, lambda stirlerr: jnp.sum(
         _poisson_terms(stirlerr, k, rate, integer_k)[0]))
@@ -274,6 +278,7 @@ def _poisson_log_terms(stirlerr, integer_k, k, log_rate, rate):
     return _terms(stirlerr, k, rate, keta, _log_rate_ok(log_rate), integer_k, log_rate)
 
 
+@partial(jax.jit, static_argnums=(0, 1))
 def _poisson_log_exact_value(normalized, integer_k, k, log_rate, rate):
     return _by_stirlerr(normalized, k, lambda stirlerr: jnp.sum(
         _poisson_log_terms(stirlerr, integer_k, k, log_rate, rate)[0]))
