@@ -388,15 +388,16 @@ def _check_partials(mp, kernel, fn, point, partials, diff_idx, dps):
                                      f"mpmath.diff gives {numeric}")
 
 
-def reference(kernel: str, dtype: str) -> dict:
-    """The table of one kernel and dtype (see the module docstring for its fields)."""
+def reference(kernel: str, dtype: str, points=None) -> dict:
+    """The table of one kernel and dtype (see the module docstring for its fields), over its
+    grid or over the given ``points`` (tuples of the kernel's arguments)."""
     mp = _mp()
     names, diff, fn = KERNELS[kernel]
     diff_idx = [names.index(n) for n in diff]
     limit = float(np.finfo(np.dtype(dtype)).max)
     rows = {"inputs": [], "value": [], "partials": [], "sens": []}
     checked = 0
-    for point in grid(kernel, dtype):
+    for point in grid(kernel, dtype) if points is None else points:
         hi, dps = _converged(mp, kernel, fn, point)
         if checked < _DIFF_CHECKED and all(v == 0 or 1e-4 <= abs(v) <= 1e4 for v in point):
             _check_partials(mp, kernel, fn, point, hi[1:], diff_idx, dps)

@@ -38,16 +38,18 @@ def load() -> dict:
     ``value`` (n,), ``partials`` (n, diff) and ``sens`` (n, 1 + diff), as float64 arrays."""
     with gzip.open(PATH, "rt") as f:
         doc = json.load(f)
-    tables = {}
-    for key, t in doc["tables"].items():
-        n, n_diff = len(t["value"]), len(t["diff"])
-        tables[key] = {
-            "args": tuple(t["args"]), "diff": tuple(t["diff"]),
-            "inputs": np.array(t["inputs"], dtype=np.float64).reshape(n, len(t["args"])),
-            "value": np.array(t["value"], dtype=np.float64),
-            "partials": np.array(t["partials"], dtype=np.float64).reshape(n, n_diff),
-            "sens": np.array(t["sens"], dtype=np.float64).reshape(n, 1 + n_diff)}
-    return tables
+    return {key: as_arrays(t) for key, t in doc["tables"].items()}
+
+
+def as_arrays(t: dict) -> dict:
+    """A table as written (lists, see accuracy_reference.reference) -> float64 arrays."""
+    n, n_diff = len(t["value"]), len(t["diff"])
+    return {
+        "args": tuple(t["args"]), "diff": tuple(t["diff"]),
+        "inputs": np.array(t["inputs"], dtype=np.float64).reshape(n, len(t["args"])),
+        "value": np.array(t["value"], dtype=np.float64),
+        "partials": np.array(t["partials"], dtype=np.float64).reshape(n, n_diff),
+        "sens": np.array(t["sens"], dtype=np.float64).reshape(n, 1 + n_diff)}
 
 
 def kernels() -> list[str]:
