@@ -71,6 +71,10 @@ class _Spec:
     fast: Callable | None = None
     fast_layout: str = "cond"  # the layout of fast's forward rule
     layout: str | None = None  # a forced layout (a fast form's), else chosen by _layout
+    # hand-derived per-element partials of fast, as (argument index, function of the same
+    # arguments) pairs, in place of its forward mode (see _fused_fwd_plain); f's own: none
+    fast_partials: tuple[tuple[int, Callable], ...] = ()
+    partials: tuple[tuple[int, Callable], ...] = ()
 
 
 def _elementwise(spec: _Spec, arrays: Sequence[jax.Array]):
@@ -143,20 +147,62 @@ class _Primal(NamedTuple):
 
 
 def _fast_spec(spec: _Spec) -> _Spec:
-    return dataclasses.replace(spec, f=spec.fast, fast=None, layout=spec.fast_layout)
+    return dataclasses.replace(spec, f=spec.fast, fast=None, layout=spec.fast_layout,
+                               partials=spec.fast_partials, fast_partials=())
+
+
+def _exact_terms(spec: _Spec, idx, batched, dtype, *flat):
+    """The exact pass over ``flat`` (see _elementwise): the summed value and, per argument in
+    ``idx``, its per-element partials with the edge rule, summed if the argument is not
+    batched."""
+    fn = _mapped(spec, flat, batched)
+    if not idx:
+        return _value(fn(*flat), dtype), {}
+    v, ds = _partials(spec, fn, flat, batched, idx, with_value=True)
+    ds = {i: _edge_rule(v, d) for i, d in ds.items()}
+    return _value(v, dtype), {i: d if batched[i] else jnp.sum(d) for i, d in ds.items()}
+
+
+def _exact_blocks(spec: _Spec, perturbed, *arrays):
+    """The forward rule's exact pass (the value alone if ``perturbed`` is None), computed
+    over blocks of elements (fusedlp._xla.blockwise): what runs when a fast form fails."""
+    want = [False] * len(arrays) if perturbed is None else perturbed
+    idx = [i for i, (w, nd) in enumerate(zip(want, spec.nondiff)) if w and not nd]
+    _, flat, shape, batched = _elementwise(spec, arrays)
+    value, ds = _xla.blockwise(
+        functools.partial(_exact_terms, spec, idx, batched, arrays[0].dtype), flat, batched)
+    if perturbed is None:
+        return value
+    grads = {i: _fold(d, arrays[i], batched[i], shape) for i, d in ds.items()}
+    return value, tuple(grads.get(i) for i in range(len(arrays)))
 
 
 def _fused_value(spec: _Spec, *arrays):
     """The summed value; undecorated, it is also the "autodiff" mode (no custom rule)."""
     if spec.fast is not None and spec.mode == "jvp":
         shape = jnp.broadcast_shapes(*(a.shape for a in arrays))
+        exact = dataclasses.replace(spec, fast=None)
         return _xla.fast_or_exact(
             math.prod(shape), functools.partial(_fused_value, _fast_spec(spec)),
-            functools.partial(_fused_value, dataclasses.replace(spec, fast=None)), *arrays)
+            functools.partial(_fused_value, exact), *arrays,
+            exact_blocks=functools.partial(_exact_blocks, exact, None))
     fn, flat, shape, batched = _elementwise(spec, arrays)
+    if spec.partials:  # a fast form's (see _fused_fwd_plain)
+        return _summed(spec, flat, batched, shape, arrays[0].dtype)
     if _written_value(spec, flat, batched, shape, arrays[0].dtype):
         return _value(_mapped(spec, flat, batched, written=True)(*flat), arrays[0].dtype)
     return _value(fn(*flat), arrays[0].dtype)
+
+
+def _summed(spec: _Spec, flat, batched, shape, dtype):
+    """The summed value; from written terms (see _written_value) over blocks of elements
+    (fusedlp._xla.blockwise): in blocks, the many loops XLA:CPU splits a long expression
+    into write block-sized arrays, which stay in cache (docs/performance.md). A reduction
+    XLA:CPU runs in one vectorised pass (gamma, Student t) gains nothing from blocks."""
+    if not _written_value(spec, flat, batched, shape, dtype):
+        return _value(_mapped(spec, flat, batched)(*flat), dtype)
+    return _xla.blockwise(
+        lambda *fl: _value(_mapped(spec, fl, batched, written=True)(*fl), dtype), flat, batched)
 
 
 _fused = functools.partial(jax.custom_vjp, nondiff_argnums=(0,))(_fused_value)
@@ -303,10 +349,11 @@ def _fused_fwd(spec: _Spec, *args):
             return _fused_fwd_plain(spec, *map(_Primal, arrays, perturbed),
                                     force_exact=force_exact)
 
+        exact = dataclasses.replace(spec, fast=None)
         return _xla.fast_or_exact(
             n, functools.partial(run, _fast_spec(spec), False),
-            functools.partial(run, dataclasses.replace(spec, fast=None), True),
-            *(a.value for a in args))
+            functools.partial(run, exact, True), *(a.value for a in args),
+            exact_blocks=functools.partial(_exact_blocks, exact, perturbed))
     return _fused_fwd_plain(spec, *args)
 
 
@@ -334,13 +381,29 @@ def _fused_fwd_plain(spec: _Spec, *args, force_exact: bool = False):
     idx = [i for i, w in enumerate(want) if w]
     if not idx:
         return _value(fn(*flat), dtype), (None,) * len(arrays)
+    hand = {i: p for i, p in spec.partials if i in idx}
+    if hand and not force_exact:
+        # A fast form's hand-derived partials (only fast forms have them, and only above the
+        # size thresholds are they run): each one elementwise pass of its own formula, in
+        # place of the forward mode through all of f, which XLA cannot prune (jax.grad of
+        # plain autodiff drops the value's work; a jvp's tangents carry it). They need no
+        # edge rule: where they are not finite the caller's exact pass runs.
+        rest = [_Primal(a.value, a.perturbed and i not in hand) for i, a in enumerate(args)]
+        if len(hand) < len(idx):
+            value, grads = _fused_fwd_plain(dataclasses.replace(spec, partials=()), *rest)
+        else:
+            value, grads = _summed(spec, flat, batched, shape, dtype), (None,) * len(arrays)
+        grads = list(grads)
+        for i, p in hand.items():
+            d = _mapped(dataclasses.replace(spec, f=p), flat, batched)(*flat)
+            grads[i] = _fold(d, arrays[i], batched[i], shape)
+        return value, tuple(grads)
 
     def folded(ds):
         return tuple(_fold(ds[i], arrays[i], batched[i], shape) for i in idx)
 
     def exact(_):
-        v, ds = _partials(spec, fn, flat, batched, idx, with_value=True)
-        return folded({i: _edge_rule(v, d) for i, d in ds.items()})
+        return folded(_exact_terms(spec, idx, batched, dtype, *flat)[1])
 
     def fast(_):
         if spec.mode == "jvp":
@@ -365,9 +428,8 @@ def _fused_fwd_plain(spec: _Spec, *args, force_exact: bool = False):
 
     layout, limit = _layout(spec, flat, batched)
     if force_exact or math.prod(shape) <= limit:
-        v, ds = _partials(spec, fn, flat, batched, idx, with_value=True)
-        value = _value(v, dtype)
-        grads = folded({i: _edge_rule(v, d) for i, d in ds.items()})
+        value, ds = _exact_terms(spec, idx, batched, dtype, *flat)
+        grads = folded(ds)
     elif layout == "columns":
         # Each output in its own computation (the branches of a lax.cond): the elementwise
         # values (the predicate is any data-dependent one; both branches are the same), then
@@ -509,6 +571,7 @@ def kernel(
     name: str | None = None,
     fast: Callable | None = None,
     fast_layout: str = "cond",
+    fast_partials: dict[str, Callable] | None = None,
     mode: str = "jvp",
 ) -> Callable:
     """`fuse`, with the options the built-in kernels and the benchmark use.
@@ -520,6 +583,10 @@ def kernel(
     (one reduction of the value, then the partials), or "columns" (each output summed from
     terms written by a computation of its own: for a long expression, which XLA:CPU would
     otherwise split into many loops that each write an array ahead of the reduction).
+    ``fast_partials``: {argument name: hand-derived per-element partial of ``fast``, a
+    function of the same arguments}, used in the fast form's forward rule for those
+    arguments instead of forward mode; each must be accurate wherever ``fast`` is finite,
+    and not finite (or the value not finite) wherever it is not.
     ``mode``: "jvp" (fuse's rule); for the benchmark, "grad" (reverse mode per element in
     the rule) and "autodiff" (no rule: jnp.sum of vmap(f), plain autodiff).
     """
@@ -538,6 +605,11 @@ def kernel(
         else:
             raise ValueError(f"fuse: `data` names {d!r}, which is not a positional parameter "
                              f"of {fn_name}")
+
+    for a in fast_partials or {}:
+        if params is None or a not in params:
+            raise ValueError(f"fuse: `fast_partials` names {a!r}, which is not a positional "
+                             f"parameter of {fn_name}")
 
     @functools.wraps(f)
     def g(*args, **kwargs):
@@ -573,7 +645,9 @@ def kernel(
             raise ValueError(f"{fn_name}: the element function must return a scalar for "
                              f"scalar arguments, got {got}")
         fast_elem = (functools.partial(fast, **options) if options else fast) if fast else None
-        spec = _Spec(elem, nondiff, mode, fast_elem, fast_layout)
+        hand = tuple((params.index(a), functools.partial(p, **options) if options else p)
+                     for a, p in (fast_partials or {}).items())
+        spec = _Spec(elem, nondiff, mode, fast_elem, fast_layout, fast_partials=hand)
         # "autodiff", the benchmark's reference: the same sum, no custom rule
         value = _fused_value if mode == "autodiff" else _fused
         return value(spec, *(a.astype(dt) for a in arrays))

@@ -33,6 +33,8 @@ SMALL_POISSON_TABLE = 128
 # fuse's "exact" layout sums f's terms directly up to this size in float64, from written
 # terms above (its selects' temporaries then exceed glibc's mmap threshold)
 DIRECT_MAX = 2**20
+# the exact pass behind a fast one runs over blocks of this many elements (`blockwise`)
+BLOCK = 65536
 
 
 def nan_unless_nonneg(a):
@@ -92,7 +94,43 @@ def _batch_all_batched(axis_size, in_batched, pred):
     return jnp.all(pred), False
 
 
-def fast_or_exact(n: int, fast: Callable, exact: Callable, *arrays):
+def blockwise(fn: Callable, flat, batched):
+    """``fn(*flat)`` computed over blocks of `BLOCK` elements, in a loop.
+
+    ``flat`` are the arguments, each a vector of the same n elements where ``batched`` says
+    so, else a scalar shared by every element; ``fn`` returns a pytree whose leaves are
+    sums over its elements (scalars: added up over the blocks) or per-element vectors
+    (joined). An exact pass writes each of its per-element selects out as a temporary array:
+    in blocks these stay block-sized, instead of a dozen N-sized arrays that the program
+    allocates on every call, exact pass taken or not, and the pass itself runs faster
+    (docs/performance.md). Up to two blocks, and where the process has several devices,
+    ``fn`` runs on the whole: the data may then be split over a mesh with Auto axes, which
+    no trace-time type shows, and a block's slice of them would gather them.
+    """
+    n = next(a.shape[0] for a, b in zip(flat, batched) if b)
+    m = n // BLOCK
+    if m < 2 or jax.device_count() > 1:
+        return fn(*flat)
+
+    def block(start, size):
+        return fn(*(jax.lax.dynamic_slice_in_dim(a, start, size) if b else a
+                    for a, b in zip(flat, batched)))
+
+    def add(acc, out, start):
+        return [jax.lax.dynamic_update_slice_in_dim(a, o, start, 0) if o.ndim else a + o
+                for a, o in zip(acc, jax.tree.leaves(out))]
+
+    leaves, tree = jax.tree.flatten(jax.eval_shape(lambda: block(0, BLOCK)))
+    acc = [jnp.zeros((n, *x.shape[1:]) if x.ndim else (), x.dtype) for x in leaves]
+    acc = jax.lax.fori_loop(0, m, lambda j, acc: add(acc, block(j * BLOCK, BLOCK), j * BLOCK),
+                            acc)
+    if m * BLOCK < n:
+        acc = add(acc, block(m * BLOCK, n - m * BLOCK), m * BLOCK)
+    return jax.tree.unflatten(tree, acc)
+
+
+def fast_or_exact(n: int, fast: Callable, exact: Callable, *arrays,
+                  exact_blocks: Callable | None = None):
     """``fast(*arrays)`` if all its outputs are finite, else ``exact(*arrays)`` (a lax.cond).
 
     ``fast`` is the select-free common path (a summed value and its partials): it must give
@@ -108,6 +146,10 @@ def fast_or_exact(n: int, fast: Callable, exact: Callable, *arrays):
     both passes and the cond made a Newton fit's program several times slower to trace and
     compile (docs/performance.md); and no zero cotangent of an untaken fast pass can meet
     its infinite local derivatives at an edge element (0 * inf = NaN).
+
+    ``exact_blocks``, if given, is ``exact`` computed by `blockwise`: the pass the primal
+    program runs when the fast one fails (its temporaries block-sized). The derivatives
+    stay those of ``exact`` itself.
     """
     if n <= SMALL:
         return exact(*arrays)
@@ -119,7 +161,7 @@ def fast_or_exact(n: int, fast: Callable, exact: Callable, *arrays):
     @jax.custom_jvp
     def pick(*a):
         out = fast(*a)
-        return jax.lax.cond(finite(out), lambda: out, lambda: exact(*a))
+        return jax.lax.cond(finite(out), lambda: out, lambda: (exact_blocks or exact)(*a))
 
     @pick.defjvp
     def _pick_jvp(primals, tangents):

@@ -100,8 +100,17 @@ def _negative_binomial_fast(k, mean, concentration, *, normalized=True):
     return lp + verdict
 
 
+def _negative_binomial_dmean(k, mean, concentration, *, normalized=True):
+    """The fast form's d/dmu by hand: k/mu - (k + phi)/(mu + phi) = (k - mu) p / mu, with
+    p = 1/(1 + mu/phi); one rounding of k - mu, which the condition number covers. NaN at
+    mu = 0 (the exact pass's boundary). (d/dphi stays forward mode through Loader's form.)"""
+    del normalized  # log k! holds no mu
+    return (k - mean) / (mean * (1.0 + mean / concentration))
+
+
 _negative_binomial = kernel(_negative_binomial_element, fast=_negative_binomial_fast,
-                            fast_layout="columns", data=("k",), name="negative_binomial_lpmf")
+                            fast_layout="columns", data=("k",), name="negative_binomial_lpmf",
+                            fast_partials={"mean": _negative_binomial_dmean})
 
 
 def negative_binomial_lpmf(

@@ -155,9 +155,19 @@ def _fast(normalized, integer_k, k, param, log_form, want_partial, data_sum=None
 
 
 def _fast_or_exact(k, param, fast, exact):
-    """`fusedlp._xla.fast_or_exact` of ``fast(k, param)`` and ``exact(k, param)``."""
-    return _xla.fast_or_exact(math.prod(jnp.broadcast_shapes(k.shape, param.shape)),
-                              fast, exact, k, param)
+    """`fusedlp._xla.fast_or_exact` of ``fast(k, param)`` and ``exact(k, param)``, the exact
+    pass over blocks of elements (`fusedlp._xla.blockwise`) where each argument is a scalar
+    or holds every element (the partial is then a sum or per element)."""
+    n = math.prod(jnp.broadcast_shapes(k.shape, param.shape))
+
+    def blocks(k, param):
+        batched = [a.size != 1 for a in (k, param)]
+        flat = [a.reshape(-1) if b else a.reshape(()) for a, b in zip((k, param), batched)]
+        value, d = _xla.blockwise(exact, flat, batched)
+        return value, None if d is None else d.reshape(param.shape)
+
+    whole = n > 1 and all(a.size in (1, n) for a in (k, param))
+    return _xla.fast_or_exact(n, fast, exact, k, param, exact_blocks=blocks if whole else None)
 
 
 def _bwd(*args):

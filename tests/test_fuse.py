@@ -328,3 +328,45 @@ def test_layouts():
     # its own where: the large-df and small-z^2/df forms (fusedlp.student_t)
     assert layout(fusedlp.student_t._student_t_element, [True, False, True, False]) == "exact"
     assert layout(fusedlp.gamma._gamma_element, [True, False, True]) == "exact"
+
+
+def _blocks_case(name, rng, n):
+    """A fast-form kernel's element function and arguments with edge elements that only the
+    exact pass handles (finite there): the gamma at x = 0, shape = 1; the negative binomial
+    at k = 0, mean = 0."""
+    from fusedlp import gamma, negative_binomial
+
+    if name == "gamma":
+        x, shape = rng.gamma(2.0, 1.0, n), rng.uniform(0.5, 3.0, n)
+        x[[0, n - 1]], shape[[0, n - 1]] = 0.0, 1.0
+        return gamma._gamma_element, (x, shape, rng.uniform(0.5, 2.0, n)), (False,) * 3
+    k, mean = rng.poisson(3.0, n).astype(np.float64), rng.uniform(0.5, 5.0, n)
+    k[[0, 7]], mean[[0, 7]] = 0.0, 0.0
+    return (negative_binomial._negative_binomial_element, (k, mean, rng.uniform(0.5, 3.0, n)),
+            (True, False, False))
+
+
+@pytest.mark.parametrize("name", ["gamma", "negative_binomial"])
+@pytest.mark.parametrize("perturbed", [None, "vector", "scalar"])
+def test_exact_pass_in_blocks_equals_the_whole(name, perturbed, rng, monkeypatch):
+    """fusedlp._xla.blockwise, as the fast forms' exact pass uses it: the value and the
+    partials (per element for a vector argument, summed for a scalar one) over blocks of
+    1000 elements and a tail are those of the whole, at the edges too."""
+    from fusedlp import _fuse, _xla
+
+    element, args, nondiff = _blocks_case(name, rng, 4099)
+    args = [jnp.asarray(a) for a in args]
+    if perturbed == "scalar":
+        args[2] = args[2][:1].reshape(())
+    spec = _Spec(element, nondiff, "jvp")
+    pert = None if perturbed is None else [not nd for nd in nondiff]
+
+    def run():
+        return jax.jit(functools.partial(_fuse._exact_blocks, spec, pert))(*args)
+
+    whole = run()  # 4099 elements: fewer than two blocks of the default size
+    monkeypatch.setattr(_xla, "BLOCK", 1000)
+    blocks = run()
+    assert np.isfinite(float(jax.tree.leaves(whole)[0]))
+    # a sum over blocks is rounded in another order: a few ulps of its terms (all O(1))
+    chex.assert_trees_all_close(blocks, whole, rtol=1e-13, atol=1e-11)

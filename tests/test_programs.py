@@ -119,3 +119,45 @@ def test_normal_with_scalar_parameters_writes_no_array(argnums, rng):
     n = 100_003
     fn = jax.value_and_grad(fusedlp.normal_lpdf, argnums=argnums)
     assert _arrays_written(fn, rng.normal(size=n), np.float64(0.1), np.float64(1.3), n=n) == 0
+
+
+def _temporaries(fn, *args, n: int) -> float:
+    """XLA's temporaries of the compiled ``fn``, in N-sized float64 arrays."""
+    mem = jax.jit(fn).lower(*args).compile().memory_analysis()
+    return mem.temp_size_in_bytes / (8.0 * n)
+
+
+def _vector_parameter_kernels(rng, n):
+    d = {k: np.resize(v, n) for k, v in _data(rng).items()}
+    return {
+        "gamma": lambda b: fusedlp.gamma_lpdf(d["x"], 2.5, b),
+        "student_t": lambda m: fusedlp.student_t_lpdf(d["x"], 5.0, m, 1.3),
+        "negative_binomial": lambda m: fusedlp.negative_binomial_lpmf(d["k"], m, 2.5),
+        "binomial_logit": lambda e: fusedlp.binomial_logit_lpmf(d["k"], d["n"], e),
+        "poisson": lambda r: fusedlp.poisson_lpmf(d["k"], r),
+        "poisson_log": lambda e: fusedlp.poisson_log_lpmf(d["k"], e),
+    }
+
+
+BLOCKS_N = 8 * 65536 + 3
+
+
+@pytest.mark.parametrize("name", ["gamma", "student_t", "negative_binomial", "binomial_logit",
+                                  "poisson", "poisson_log"])
+def test_fast_form_kernels_keep_temporaries_block_sized(name, rng):
+    """Value and gradient in a vector parameter at N = 8 blocks: the exact pass behind the
+    fast form runs over blocks (fusedlp._xla.blockwise), as do the long values of the
+    negative binomial and the binomial, so the program's temporaries stay under 4.5 N-sized
+    arrays (whole, the exact pass's selects made 12 for the gamma, 25 for the negative
+    binomial, 22 for the binomial; the Poisson kernels' 4 and 5 are now about 1)."""
+    fn = jax.value_and_grad(_vector_parameter_kernels(rng, BLOCKS_N)[name])
+    assert _temporaries(fn, np.full(BLOCKS_N, 1.5), n=BLOCKS_N) < 4.5
+
+
+def test_the_temporaries_check_sees_a_whole_exact_pass(rng, monkeypatch):
+    """The bound above can fail: with blocks larger than N, the exact pass is whole."""
+    from fusedlp import _xla
+
+    monkeypatch.setattr(_xla, "BLOCK", 2**30)
+    fn = jax.value_and_grad(_vector_parameter_kernels(rng, BLOCKS_N)["negative_binomial"])
+    assert _temporaries(fn, np.full(BLOCKS_N, 1.5), n=BLOCKS_N) > 4.5
