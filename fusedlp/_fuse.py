@@ -186,23 +186,24 @@ def _fused_value(spec: _Spec, *arrays):
             math.prod(shape), functools.partial(_fused_value, _fast_spec(spec)),
             functools.partial(_fused_value, exact), *arrays,
             exact_blocks=functools.partial(_exact_blocks, exact, None))
-    fn, flat, shape, batched = _elementwise(spec, arrays)
-    if spec.partials:  # a fast form's (see _fused_fwd_plain)
-        return _summed(spec, flat, batched, shape, arrays[0].dtype)
-    if _written_value(spec, flat, batched, shape, arrays[0].dtype):
-        return _value(_mapped(spec, flat, batched, written=True)(*flat), arrays[0].dtype)
-    return _value(fn(*flat), arrays[0].dtype)
+    _, flat, shape, batched = _elementwise(spec, arrays)
+    return _summed(spec, flat, batched, shape, arrays[0].dtype)
 
 
 def _summed(spec: _Spec, flat, batched, shape, dtype):
-    """The summed value; from written terms (see _written_value) over blocks of elements
+    """The summed value: from written terms where _written_value says so, else directly.
+
+    A fast form's written terms (a forced layout) are summed over blocks of elements
     (fusedlp._xla.blockwise): in blocks, the many loops XLA:CPU splits a long expression
     into write block-sized arrays, which stay in cache (docs/performance.md). A reduction
     XLA:CPU runs in one vectorised pass (gamma, Student t) gains nothing from blocks."""
     if not _written_value(spec, flat, batched, shape, dtype):
         return _value(_mapped(spec, flat, batched)(*flat), dtype)
-    return _xla.blockwise(
-        lambda *fl: _value(_mapped(spec, fl, batched, written=True)(*fl), dtype), flat, batched)
+
+    def terms(*fl):
+        return _value(_mapped(spec, fl, batched, written=True)(*fl), dtype)
+
+    return _xla.blockwise(terms, flat, batched) if spec.layout is not None else terms(*flat)
 
 
 _fused = functools.partial(jax.custom_vjp, nondiff_argnums=(0,))(_fused_value)

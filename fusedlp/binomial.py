@@ -111,7 +111,6 @@ def _binomial_logit_fast(k, n, logit, *, normalized=True):
     return inner * interior + (1.0 - inner) * edge + verdict
 
 
-_bernoulli_logit = fuse(_bernoulli_logit_element, data=("y",), name="bernoulli_logit_lpmf")
 def _binomial_dlogit(k, n, logit, *, normalized=True):
     """The fast form's d/deta by hand: k - n sigmoid(eta) (sigmoid is jax's logistic,
     accurate relative to itself at every eta)."""
@@ -119,6 +118,7 @@ def _binomial_dlogit(k, n, logit, *, normalized=True):
     return k - n * jax.nn.sigmoid(logit)
 
 
+_bernoulli_logit = fuse(_bernoulli_logit_element, data=("y",), name="bernoulli_logit_lpmf")
 _binomial_logit = kernel(_binomial_logit_element, fast=_binomial_logit_fast,
                          fast_layout="columns", data=("k", "n"), name="binomial_logit_lpmf",
                          fast_partials={"logit": _binomial_dlogit})

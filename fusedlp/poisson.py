@@ -166,8 +166,9 @@ def _fast_or_exact(k, param, fast, exact):
         value, d = _xla.blockwise(exact, flat, batched)
         return value, None if d is None else d.reshape(param.shape)
 
-    whole = n > 1 and all(a.size in (1, n) for a in (k, param))
-    return _xla.fast_or_exact(n, fast, exact, k, param, exact_blocks=blocks if whole else None)
+    flattens = n > 1 and all(a.size in (1, n) for a in (k, param))
+    return _xla.fast_or_exact(n, fast, exact, k, param,
+                              exact_blocks=blocks if flattens else None)
 
 
 def _bwd(*args):
