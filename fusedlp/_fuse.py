@@ -75,6 +75,9 @@ class _Spec:
     # arguments) pairs, in place of its forward mode (see _fused_fwd_plain); f's own: none
     fast_partials: tuple[tuple[int, Callable], ...] = ()
     partials: tuple[tuple[int, Callable], ...] = ()
+    # the summed data-only part of fast's value, computed when the data were concrete at
+    # trace time (kernel's data_term); fast then leaves that part out
+    offset: jax.Array | None = None
 
 
 def _elementwise(spec: _Spec, arrays: Sequence[jax.Array]):
@@ -148,7 +151,21 @@ class _Primal(NamedTuple):
 
 def _fast_spec(spec: _Spec) -> _Spec:
     return dataclasses.replace(spec, f=spec.fast, fast=None, layout=spec.fast_layout,
-                               partials=spec.fast_partials, fast_partials=())
+                               partials=spec.fast_partials, fast_partials=(), offset=None)
+
+
+def _plus_offset(spec: _Spec, fn: Callable) -> Callable:
+    """``fn`` (a fast pass: its value, or its value and partials) with ``spec.offset`` added to
+    the value."""
+    if spec.offset is None:
+        return fn
+
+    def with_offset(*arrays):
+        out = fn(*arrays)
+        if isinstance(out, tuple):
+            return (out[0] + spec.offset, *out[1:])
+        return out + spec.offset
+    return with_offset
 
 
 def _exact_terms(spec: _Spec, idx, batched, dtype, *flat):
@@ -181,9 +198,10 @@ def _fused_value(spec: _Spec, *arrays):
     """The summed value; undecorated, it is also the "autodiff" mode (no custom rule)."""
     if spec.fast is not None and spec.mode == "jvp":
         shape = jnp.broadcast_shapes(*(a.shape for a in arrays))
-        exact = dataclasses.replace(spec, fast=None)
+        exact = dataclasses.replace(spec, fast=None, offset=None)
         return _xla.fast_or_exact(
-            math.prod(shape), functools.partial(_fused_value, _fast_spec(spec)),
+            math.prod(shape),
+            _plus_offset(spec, functools.partial(_fused_value, _fast_spec(spec))),
             functools.partial(_fused_value, exact), *arrays,
             exact_blocks=functools.partial(_exact_blocks, exact, None))
     _, flat, shape, batched = _elementwise(spec, arrays)
@@ -350,9 +368,9 @@ def _fused_fwd(spec: _Spec, *args):
             return _fused_fwd_plain(spec, *map(_Primal, arrays, perturbed),
                                     force_exact=force_exact)
 
-        exact = dataclasses.replace(spec, fast=None)
+        exact = dataclasses.replace(spec, fast=None, offset=None)
         return _xla.fast_or_exact(
-            n, functools.partial(run, _fast_spec(spec), False),
+            n, _plus_offset(spec, functools.partial(run, _fast_spec(spec), False)),
             functools.partial(run, exact, True), *(a.value for a in args),
             exact_blocks=functools.partial(_exact_blocks, exact, perturbed))
     return _fused_fwd_plain(spec, *args)
@@ -565,6 +583,27 @@ def fuse(
     return kernel(f, data=data, name=name)
 
 
+def _with_data_term(fast: Callable, term: Callable, pos: list[int]) -> Callable:
+    """The whole fast form: ``fast`` plus the data-only ``term`` of the arguments ``pos``."""
+    return lambda *a: fast(*a) + term(*(a[i] for i in pos))
+
+
+def _data_offset(term: Callable, data, dtype, shape) -> jax.Array | None:
+    """The sum of ``term`` over the broadcast elements (``shape``), computed now, for data
+    known when the kernel is traced; None for traced data, or where it is not finite.
+    ``data`` are the arguments as the caller gave them: converted under ``jit``, even a
+    constant becomes a tracer."""
+    if not data or not _checks.is_concrete(*data):
+        return None
+    with jax.ensure_compile_time_eval():
+        data = [jnp.asarray(a) for a in data]
+        own = jnp.broadcast_shapes(*(a.shape for a in data))
+        flat = [jnp.broadcast_to(a.astype(dtype), own).reshape(-1) for a in data]
+        total = jnp.sum(jax.vmap(term)(*flat)) if flat[0].size else jnp.zeros((), dtype)
+        total = total * (math.prod(shape) // max(math.prod(own), 1))
+        return total if bool(jnp.isfinite(total)) else None
+
+
 def kernel(
     f: Callable,
     *,
@@ -573,6 +612,7 @@ def kernel(
     fast: Callable | None = None,
     fast_layout: str = "cond",
     fast_partials: dict[str, Callable] | None = None,
+    data_term: Callable | None = None,
     mode: str = "jvp",
 ) -> Callable:
     """`fuse`, with the options the built-in kernels and the benchmark use.
@@ -588,6 +628,12 @@ def kernel(
     function of the same arguments}, used in the fast form's forward rule for those
     arguments instead of forward mode; each must be accurate wherever ``fast`` is finite,
     and not finite (or the value not finite) wherever it is not.
+    ``data_term``: the part of the fast form's value that depends on the ``data`` arguments
+    alone (log k!, the counts' support verdicts), a function of those arguments in order,
+    with the same options; ``fast`` itself leaves it out. Where the data are concrete when
+    the kernel is traced (closed over by the caller: ``jax.jit(lambda p: loglik(p, data))``,
+    NumPyro's MCMC), its sum is computed then, once, instead of in every call; if that sum
+    is not finite (data off the support), or the data are traced, it is added per element.
     ``mode``: "jvp" (fuse's rule); for the benchmark, "grad" (reverse mode per element in
     the rule) and "autodiff" (no rule: jnp.sum of vmap(f), plain autodiff).
     """
@@ -648,7 +694,16 @@ def kernel(
         fast_elem = (functools.partial(fast, **options) if options else fast) if fast else None
         hand = tuple((params.index(a), functools.partial(p, **options) if options else p)
                      for a, p in (fast_partials or {}).items())
-        spec = _Spec(elem, nondiff, mode, fast_elem, fast_layout, fast_partials=hand)
+        offset = None
+        if fast_elem is not None and data_term is not None:
+            term = functools.partial(data_term, **options) if options else data_term
+            pos = sorted(data_idx)
+            offset = _data_offset(term, [values[i] for i in pos], dt,
+                                  jnp.broadcast_shapes(*(a.shape for a in arrays)))
+            if offset is None:
+                fast_elem = _with_data_term(fast_elem, term, pos)
+        spec = _Spec(elem, nondiff, mode, fast_elem, fast_layout, fast_partials=hand,
+                     offset=offset)
         # "autodiff", the benchmark's reference: the same sum, no custom rule
         value = _fused_value if mode == "autodiff" else _fused
         return value(spec, *(a.astype(dt) for a in arrays))

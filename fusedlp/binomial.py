@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from fusedlp import _checks, _special, _xla
+from fusedlp import _checks, _special, _xla, constraints
 from fusedlp._fuse import fuse, kernel
 
 # With p = sigmoid(eta):  log p = -softplus(-eta),  log(1 - p) = -softplus(eta), and
@@ -85,13 +85,12 @@ def _log_binomial_interior(k, n, eta, abs_eta, el):
 
 
 def _binomial_logit_fast(k, n, logit, *, normalized=True):
-    """`_binomial_logit_element` without a select (fusedlp._xla), for fuse's common path:
-    Loader's interior form and the k = 0 or k = n form blended by an exact mask (k and n are
-    data: min and max on them carry no tangent). Not finite for k or n off the support, a
-    non-finite logit, or n p, n q under- or overflowing (the exact pass's cases)."""
-    verdict = (_xla.nan_unless_nonneg(k) + _xla.nan_unless_nonneg(n - k)
-               + _xla.nan_unless_nonneg(jnp.floor(k) - k)
-               + _xla.nan_unless_nonneg(jnp.floor(n) - n) + jax.lax.stop_gradient(logit - logit))
+    """`_binomial_logit_element` without a select (fusedlp._xla), for fuse's common path,
+    less `_binomial_logit_data`: Loader's interior form and the k = 0 or k = n form blended
+    by an exact mask (k and n are data: min and max on them carry no tangent). With that
+    part, not finite for k or n off the support, a non-finite logit, or n p, n q under- or
+    overflowing (the exact pass's cases)."""
+    verdict = jax.lax.stop_gradient(logit - logit)
     a = jnp.abs(logit)
     el = jnp.log1p(jnp.exp(-a))
     log_p = -(0.5 * (a - logit) + el)
@@ -99,16 +98,34 @@ def _binomial_logit_fast(k, n, logit, *, normalized=True):
     edge = k * log_p + (n - k) * log_q
     if not normalized:
         return edge + verdict
-    inner = jnp.minimum(k, 1.0) * jnp.minimum(n - k, 1.0)  # 1 for 0 < k < n, else 0
+    inner, ks, ms, ns = _interior(k, n)
+    interior = (-_special.bd0_fast(ks, ns * jnp.exp(log_p))
+                - _special.bd0_fast(ms, ns * jnp.exp(log_q)))
+    return inner * interior + (1.0 - inner) * edge + verdict
+
+
+def _interior(k, n):
+    """1 for 0 < k < n, else 0 (an exact mask), and k, n - k, n moved to >= 1."""
+    inner = jnp.minimum(k, 1.0) * jnp.minimum(n - k, 1.0)
     ks = jnp.maximum(k, 1.0)
     ms = jnp.maximum(n - k, 1.0)
-    ns = ks + ms
-    interior = (_special.stirlerr_int_fast(ns) - _special.stirlerr_int_fast(ks)
-                - _special.stirlerr_int_fast(ms)
-                - _special.bd0_fast(ks, ns * jnp.exp(log_p))
-                - _special.bd0_fast(ms, ns * jnp.exp(log_q))
-                - _special.HALF_LOG_2PI - 0.5 * (jnp.log(ks) + jnp.log1p(-ks / ns)))
-    return inner * interior + (1.0 - inner) * edge + verdict
+    return inner, ks, ms, ks + ms
+
+
+def _binomial_logit_data(k, n, *, normalized=True):
+    """The fast form's part in k and n alone: for 0 < k < n, Loader's
+    stirlerr(n) - stirlerr(k) - stirlerr(n - k) - log(2 pi k (n - k) / n) / 2 (if
+    ``normalized``), and NaN unless k and n are counts with k <= n."""
+    verdict = (_xla.nan_unless_nonneg(k) + _xla.nan_unless_nonneg(n - k)
+               + _xla.nan_unless_nonneg(jnp.floor(k) - k)
+               + _xla.nan_unless_nonneg(jnp.floor(n) - n))
+    if not normalized:
+        return verdict
+    inner, ks, ms, ns = _interior(k, n)
+    part = (_special.stirlerr_int_fast(ns) - _special.stirlerr_int_fast(ks)
+            - _special.stirlerr_int_fast(ms)
+            - _special.HALF_LOG_2PI - 0.5 * (jnp.log(ks) + jnp.log1p(-ks / ns)))
+    return inner * part + verdict
 
 
 def _binomial_dlogit(k, n, logit, *, normalized=True):
@@ -121,13 +138,12 @@ def _binomial_dlogit(k, n, logit, *, normalized=True):
 _bernoulli_logit = fuse(_bernoulli_logit_element, data=("y",), name="bernoulli_logit_lpmf")
 _binomial_logit = kernel(_binomial_logit_element, fast=_binomial_logit_fast,
                          fast_layout="columns", data=("k", "n"), name="binomial_logit_lpmf",
-                         fast_partials={"logit": _binomial_dlogit})
+                         fast_partials={"logit": _binomial_dlogit},
+                         data_term=_binomial_logit_data)
 
 
-def _validate_logit(fn, logit):
-    _checks.validate(fn, "logit", logit, lambda a: ~np.isfinite(a), "must be finite")
-
-
+@constraints.declare(support={"y": constraints.binary},
+                     params={"logit": constraints.real})
 def bernoulli_logit_lpmf(
     y: ArrayLike,
     logit: ArrayLike,
@@ -161,18 +177,15 @@ def bernoulli_logit_lpmf(
       >>> float(jax.grad(fusedlp.bernoulli_logit_lpmf, argnums=1)(1, 0.0))  # 1 - sigmoid(0)
       0.5
     """
-    fn = "bernoulli_logit_lpmf"
-    if _checks.want_validation(validate_args):
-        ya = _checks.as_real_array(fn, "y", y)
-        la = _checks.as_real_array(fn, "logit", logit)
-        _checks.broadcast_shape(fn, y=ya, logit=la)
-        _checks.validate(fn, "y", ya, lambda a: ~((a == 0) | (a == 1)), "must be 0 or 1")
-        _validate_logit(fn, la)
+    del validate_args  # checked by constraints.declare
     return _bernoulli_logit(y, logit)
 
 
-def _validate_k(fn, k, n):
+def _validate_k(fn, k, n, **_):
     """k in {0, ..., n} where k and n broadcast; the message names k's and n's own entries."""
+    if not _checks.is_concrete(k, n):
+        return
+    k, n = np.asarray(k), np.asarray(n)
     shape = np.broadcast_shapes(k.shape, n.shape)
     kb, nb = np.broadcast_to(k, shape), np.broadcast_to(n, shape)
     bad = ~((kb >= 0) & (np.floor(kb) == kb) & (kb <= nb))
@@ -184,6 +197,9 @@ def _validate_k(fn, k, n):
             f"(against {_checks.entry('n', idx, n.shape)} = {nb[idx].item()!r})")
 
 
+@constraints.declare(support={"k": constraints.count},
+                     params={"n": constraints.count, "logit": constraints.real},
+                     check=_validate_k)
 def binomial_logit_lpmf(
     k: ArrayLike,
     n: ArrayLike,
@@ -221,16 +237,5 @@ def binomial_logit_lpmf(
       >>> float(jax.grad(fusedlp.binomial_logit_lpmf, argnums=2)(3, 10, 0.0))  # 3 - 10/2
       -2.0
     """
-    fn = "binomial_logit_lpmf"
-    if _checks.want_validation(validate_args):
-        ka = _checks.as_real_array(fn, "k", k)
-        na = _checks.as_real_array(fn, "n", n)
-        la = _checks.as_real_array(fn, "logit", logit)
-        _checks.broadcast_shape(fn, k=ka, n=na, logit=la)
-        _checks.validate(fn, "n", na, lambda a: ~((a >= 0) & (np.floor(a) == a)
-                                                   & np.isfinite(a)),
-                         "must hold non-negative integers")
-        if _checks.is_concrete(ka, na):
-            _validate_k(fn, np.asarray(ka), np.asarray(na))
-        _validate_logit(fn, la)
+    del validate_args  # checked by constraints.declare
     return _binomial_logit(k, n, logit, normalized=bool(normalized))

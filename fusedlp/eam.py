@@ -7,10 +7,9 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.typing import ArrayLike
 
-from fusedlp import _checks
+from fusedlp import _checks, constraints
 from fusedlp._vjp import scaled, sum_to_shape
 
 # The defaults reproduce the seed study exactly: rho(r) = exp(-3 (r + 1)) = e^-3 exp(-3 r),
@@ -197,12 +196,10 @@ def eam_energy(
             )
     if _checks.want_validation(validate_args):
         rr = r if mask is None or not _checks.is_concrete(mask) else jnp.where(mask, r, 0.0)
-        _checks.validate(fn, "r", rr, lambda a: np.isnan(a), "must not be NaN")
-        _checks.validate(fn, "density[0] (A)", amp, lambda a: ~(np.isfinite(a) & (a > 0)),
-                         "must be finite and > 0")
-        _checks.validate(fn, "density[1] (beta)", beta, lambda a: ~(np.isfinite(a) & (a > 0)),
-                         "must be finite and > 0")
-        _checks.validate(fn, "embedding", coeffs, lambda a: ~np.isfinite(a), "must be finite")
+        constraints.validate(fn, "r", rr, constraints.not_nan)
+        constraints.validate(fn, "density[0] (A)", amp, constraints.positive)
+        constraints.validate(fn, "density[1] (beta)", beta, constraints.positive)
+        constraints.validate(fn, "embedding", coeffs, constraints.real)
     # Python numbers (the defaults among them) are weak: they take r's precision.
     given = [a for a, raw in ((amp, amp_raw), (beta, beta_raw), (coeffs, embedding))
              if not _checks.is_python_number(raw)]

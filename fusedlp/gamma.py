@@ -5,10 +5,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import jax.scipy.special as jsp
-import numpy as np
 from jax.typing import ArrayLike
 
-from fusedlp import _checks, _special, _xla
+from fusedlp import _special, _xla, constraints
 from fusedlp._fuse import kernel
 
 # One element, shape alpha, rate beta:
@@ -105,6 +104,8 @@ _gamma = kernel(_gamma_element, fast=_gamma_fast, name="gamma_lpdf",
                 fast_partials={"x": _gamma_dx, "rate": _gamma_drate})
 
 
+@constraints.declare(support={"x": constraints.nonnegative},
+                     params={"shape": constraints.positive, "rate": constraints.positive})
 def gamma_lpdf(
     x: ArrayLike,
     shape: ArrayLike,
@@ -140,14 +141,5 @@ def gamma_lpdf(
       >>> round(float(fusedlp.gamma_lpdf(0.0, 1.0, 2.0)), 6)  # exponential at 0: log 2
       0.693147
     """
-    if _checks.want_validation(validate_args):
-        fn = "gamma_lpdf"
-        args = {n: _checks.as_real_array(fn, n, v)
-                for n, v in (("x", x), ("shape", shape), ("rate", rate))}
-        _checks.broadcast_shape(fn, **args)
-        _checks.validate(fn, "x", args["x"], lambda a: ~(np.isfinite(a) & (a >= 0)),
-                         "must be finite and >= 0")
-        for name in ("shape", "rate"):
-            _checks.validate(fn, name, args[name], lambda a: ~(np.isfinite(a) & (a > 0)),
-                             "must be finite and > 0")
+    del validate_args  # checked by constraints.declare
     return _gamma(x, shape, rate)

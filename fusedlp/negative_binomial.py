@@ -5,10 +5,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import jax.scipy.special as jsp
-import numpy as np
 from jax.typing import ArrayLike
 
-from fusedlp import _checks, _special, _xla
+from fusedlp import _special, _xla, constraints
 from fusedlp._fuse import kernel
 
 # The over-dispersed count model (Stan's neg_binomial_2): mean mu, concentration phi,
@@ -43,9 +42,10 @@ from fusedlp._fuse import kernel
 # by fuse's edge rule a zero gradient (poisson_lpmf's hand rule reports +inf there).
 
 
-def _log_nb_positive(kp, mu, phi, stirlerr, stirlerr_int, bd0):
-    """log NB(k | mu, phi) for a count kp >= 1 and valid mu >= 0, phi > 0 (Loader's form),
-    from the given special functions: the exact ones (`_log_nb`) or their select-free forms
+def _log_nb_positive(kp, mu, phi, stirlerr, bd0):
+    """log NB(k | mu, phi) + stirlerr(k) + log(2 pi k) / 2 for a count kp >= 1 and valid
+    mu >= 0, phi > 0 (Loader's form without its part in k alone), from the given special
+    functions: the exact ones (`_log_nb`) or their select-free forms
     (`_negative_binomial_fast`). stirlerr(phi) is always the exact form: a scalar phi makes
     its selects scalar work."""
     # p = phi / (phi + mu) and bd0's arguments, each written so that its derivatives are sums
@@ -57,15 +57,15 @@ def _log_nb_positive(kp, mu, phi, stirlerr, stirlerr_int, bd0):
     s = phi + mu
     n = phi + kp
     return (-0.5 * jnp.log1p(kp / phi) + stirlerr(n) - _special.stirlerr(phi)
-            - stirlerr_int(kp) - _special.HALF_LOG_2PI - 0.5 * jnp.log(kp)
             - bd0(phi, n * p, diff=(mu - kp) * p)
             - bd0(kp, mu * (p + kp / s), diff=(kp - mu) * p))
 
 
 def _log_nb(k, mu, phi):
     """log NB(k | mu, phi) for a count k >= 0 and valid mu >= 0, phi > 0 (Loader's form)."""
-    lp = _log_nb_positive(jnp.where(k > 0, k, 1.0), mu, phi, _special.stirlerr,
-                          _special.stirlerr_int, _special.bd0)
+    kp = jnp.where(k > 0, k, 1.0)
+    lp = (_log_nb_positive(kp, mu, phi, _special.stirlerr, _special.bd0)
+          - _special.log_factorial_rest(kp, _special.stirlerr_int))
     return jnp.where(k > 0, lp, -_special.xlog1p_ratio(phi, mu))
 
 
@@ -83,21 +83,29 @@ def _negative_binomial_element(k, mean, concentration, *, normalized=True):
 
 
 def _negative_binomial_fast(k, mean, concentration, *, normalized=True):
-    """`_negative_binomial_element` without a select (fusedlp._xla), for fuse's common path:
-    the same pieces in their select-free forms, k = 0 and k > 0 blended by an exact mask (k
-    is data: min and max on it carry no tangent). Not finite for k off the support, an
-    invalid parameter, or a ratio that over- or underflows (the exact pass's cases)."""
+    """`_negative_binomial_element` without a select (fusedlp._xla), for fuse's common path,
+    less `_negative_binomial_data`: the same pieces in their select-free forms, k = 0 and
+    k > 0 blended by an exact mask (k is data: min and max on it carry no tangent). With
+    that part, not finite for k off the support, an invalid parameter, or a ratio that
+    over- or underflows (the exact pass's cases)."""
+    del normalized  # it changes the part in k alone
     mu, phi = mean, concentration
-    verdict = (_xla.nan_unless_nonneg(k) + _xla.nan_unless_nonneg(jnp.floor(k) - k)
-               + _xla.nan_unless_nonneg(mu) + jax.lax.stop_gradient(jnp.log(phi) - jnp.log(phi)))
+    verdict = _xla.nan_unless_nonneg(mu) + jax.lax.stop_gradient(jnp.log(phi) - jnp.log(phi))
     at_zero = -_special.xlog1p_ratio_fast(phi, mu)
     positive = jnp.minimum(k, 1.0)  # 1 for a count k >= 1, 0 at k = 0
     lp = _log_nb_positive(jnp.maximum(k, 1.0), mu, phi, _special.stirlerr_fast,
-                          _special.stirlerr_int_fast, _special.bd0_fast)
-    lp = positive * lp + (1.0 - positive) * at_zero
+                          _special.bd0_fast)
+    return positive * lp + (1.0 - positive) * at_zero + verdict
+
+
+def _negative_binomial_data(k, *, normalized=True):
+    """The fast form's part in k alone: for k >= 1, -stirlerr(k) - log(2 pi k) / 2
+    (plus log k! if not ``normalized``), and NaN unless k is a count."""
+    kp = jnp.maximum(k, 1.0)
+    t = -jnp.minimum(k, 1.0) * _special.log_factorial_rest(kp, _special.stirlerr_int_fast)
     if not normalized:
-        lp = lp + jsp.gammaln(k + 1.0)
-    return lp + verdict
+        t = t + jsp.gammaln(k + 1.0)
+    return t + _xla.nan_unless_nonneg(k) + _xla.nan_unless_nonneg(jnp.floor(k) - k)
 
 
 def _negative_binomial_dmean(k, mean, concentration, *, normalized=True):
@@ -110,9 +118,13 @@ def _negative_binomial_dmean(k, mean, concentration, *, normalized=True):
 
 _negative_binomial = kernel(_negative_binomial_element, fast=_negative_binomial_fast,
                             fast_layout="columns", data=("k",), name="negative_binomial_lpmf",
-                            fast_partials={"mean": _negative_binomial_dmean})
+                            fast_partials={"mean": _negative_binomial_dmean},
+                            data_term=_negative_binomial_data)
 
 
+@constraints.declare(support={"k": constraints.count},
+                     params={"mean": constraints.nonnegative,
+                             "concentration": constraints.positive})
 def negative_binomial_lpmf(
     k: ArrayLike,
     mean: ArrayLike,
@@ -152,16 +164,5 @@ def negative_binomial_lpmf(
       >>> round(float(fusedlp.negative_binomial_lpmf(0, 2.0, 2.0)), 6)  # 2 log(1/2)
       -1.386294
     """
-    fn = "negative_binomial_lpmf"
-    if _checks.want_validation(validate_args):
-        args = {n: _checks.as_real_array(fn, n, v)
-                for n, v in (("k", k), ("mean", mean), ("concentration", concentration))}
-        _checks.broadcast_shape(fn, **args)
-        _checks.validate(fn, "k", args["k"],
-                         lambda a: ~((a >= 0) & (np.floor(a) == a) & np.isfinite(a)),
-                         "must hold non-negative integer counts")
-        _checks.validate(fn, "mean", args["mean"], lambda a: ~(np.isfinite(a) & (a >= 0)),
-                         "must be finite and >= 0")
-        _checks.validate(fn, "concentration", args["concentration"],
-                         lambda a: ~(np.isfinite(a) & (a > 0)), "must be finite and > 0")
+    del validate_args  # checked by constraints.declare
     return _negative_binomial(k, mean, concentration, normalized=bool(normalized))

@@ -7,10 +7,9 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.typing import ArrayLike
 
-from fusedlp import _checks, _xla
+from fusedlp import _checks, _xla, constraints
 from fusedlp._vjp import scaled, sum_to_shape
 
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
@@ -227,6 +226,8 @@ def _normal_bwd(normalized, grads, g):
 _normal.defvjp(_normal_fwd, _normal_bwd, symbolic_zeros=True)
 
 
+@constraints.declare(support={"x": constraints.real},
+                     params={"loc": constraints.real, "scale": constraints.positive})
 def normal_lpdf(
     x: ArrayLike,
     loc: ArrayLike = 0.0,
@@ -272,16 +273,11 @@ def normal_lpdf(
       >>> round(float(value), 4), round(float(grad), 4)  # grad = (x - loc) / scale**2
       (-2.0439, 1.5)
     """
+    del validate_args  # checked by constraints.declare
     fn = "normal_lpdf"
     x = _checks.as_real_array(fn, "x", x)
     loc = _checks.as_real_array(fn, "loc", loc)
     scale = _checks.as_real_array(fn, "scale", scale)
     _checks.broadcast_shape(fn, x=x, loc=loc, scale=scale)
-    if _checks.want_validation(validate_args):
-        _checks.validate(fn, "x", x, lambda a: ~np.isfinite(a), "must be finite")
-        _checks.validate(fn, "loc", loc, lambda a: ~np.isfinite(a), "must be finite")
-        _checks.validate(
-            fn, "scale", scale, lambda a: ~(np.isfinite(a) & (a > 0)), "must be finite and > 0"
-        )
     dt = _checks.float_dtype(x, loc, scale)
     return _normal(bool(normalized), x.astype(dt), loc.astype(dt), scale.astype(dt))

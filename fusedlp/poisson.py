@@ -7,10 +7,9 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.typing import ArrayLike
 
-from fusedlp import _checks, _special, _xla
+from fusedlp import _checks, _special, _xla, constraints
 from fusedlp._vjp import scaled, sum_to_shape
 
 # Derivation (one element; the kernels sum over elements):
@@ -357,30 +356,26 @@ def _data_sum(normalized, k, dtype, shape):
         return repeats * jnp.sum(jnp.where(k > 0, part, 0.0))
 
 
-def _prepare(fn, k, param_name, param, validate_args, param_bad, param_what):
+def _prepare(fn, k, param_name, param):
     k = _checks.as_real_array(fn, "k", k)
     param = _checks.as_real_array(fn, param_name, param)
     _checks.broadcast_shape(fn, k=k, **{param_name: param})
-    if _checks.want_validation(validate_args):
-        _checks.validate(
-            fn, "k", k, lambda a: ~((a >= 0) & (np.floor(a) == a) & np.isfinite(a)),
-            "must hold non-negative integer counts",
-        )
-        _checks.validate(fn, param_name, param, param_bad, param_what)
     integer_k = bool(jnp.issubdtype(k.dtype, jnp.integer))
     dt = _checks.float_dtype(param) if integer_k else _checks.float_dtype(k, param)
     return k.astype(dt), param.astype(dt), integer_k
 
 
-def _with_data_sum(kernel, fn, k, param_name, param, normalized, validate_args, bad, what):
+def _with_data_sum(kernel, fn, k, param_name, param, normalized):
     """Checks and converts the arguments, then calls the custom-VJP ``kernel``."""
     raw_k = k
-    k, param, integer_k = _prepare(fn, k, param_name, param, validate_args, bad, what)
+    k, param, integer_k = _prepare(fn, k, param_name, param)
     shape = jnp.broadcast_shapes(k.shape, param.shape)
     return kernel(bool(normalized), integer_k, k,
                   _data_sum(normalized, raw_k, param.dtype, shape), param)
 
 
+@constraints.declare(support={"k": constraints.count},
+                     params={"rate": constraints.nonnegative})
 def poisson_lpmf(
     k: ArrayLike,
     rate: ArrayLike,
@@ -416,11 +411,12 @@ def poisson_lpmf(
       >>> float(jax.grad(fusedlp.poisson_lpmf, argnums=1)(3, 2.0))  # 3/2 - 1
       0.5
     """
-    return _with_data_sum(_poisson, "poisson_lpmf", k, "rate", rate, normalized,
-                          validate_args, lambda a: ~((a >= 0) & np.isfinite(a)),
-                          "must be finite and >= 0")
+    del validate_args  # checked by constraints.declare
+    return _with_data_sum(_poisson, "poisson_lpmf", k, "rate", rate, normalized)
 
 
+@constraints.declare(support={"k": constraints.count},
+                     params={"log_rate": constraints.below_inf})
 def poisson_log_lpmf(
     k: ArrayLike,
     log_rate: ArrayLike,
@@ -453,6 +449,6 @@ def poisson_log_lpmf(
       >>> float(jax.grad(fusedlp.poisson_log_lpmf, argnums=1)(3, 0.0))  # 3 - e^0
       2.0
     """
+    del validate_args  # checked by constraints.declare
     return _with_data_sum(_poisson_log, "poisson_log_lpmf", k, "log_rate", log_rate,
-                          normalized, validate_args, lambda a: ~(a < np.inf),
-                          "must be < +inf and not NaN")
+                          normalized)

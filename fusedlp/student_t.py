@@ -7,10 +7,9 @@ import math
 import jax
 import jax.numpy as jnp
 import jax.scipy.special as jsp
-import numpy as np
 from jax.typing import ArrayLike
 
-from fusedlp import _checks, _special, _xla
+from fusedlp import _special, _xla, constraints
 from fusedlp._fuse import kernel
 
 _HALF_LOG_PI = 0.5 * math.log(math.pi)
@@ -202,6 +201,9 @@ _student_t = kernel(_student_t_element, fast=_student_t_fast, name="student_t_lp
                     fast_partials={"x": _t_dx, "loc": _t_dloc, "scale": _t_dscale})
 
 
+@constraints.declare(support={"x": constraints.real},
+                     params={"df": constraints.positive, "loc": constraints.real,
+                             "scale": constraints.positive})
 def student_t_lpdf(
     x: ArrayLike,
     df: ArrayLike,
@@ -242,15 +244,5 @@ def student_t_lpdf(
       >>> round(float(fusedlp.student_t_lpdf(0.0, 1.0)), 5)  # Cauchy at 0: -log(pi)
       -1.14473
     """
-    if _checks.want_validation(validate_args):
-        fn = "student_t_lpdf"
-        args = {n: _checks.as_real_array(fn, n, v)
-                for n, v in (("x", x), ("df", df), ("loc", loc), ("scale", scale))}
-        _checks.broadcast_shape(fn, **args)
-        _checks.validate(fn, "x", args["x"], lambda a: ~np.isfinite(a), "must be finite")
-        _checks.validate(fn, "df", args["df"], lambda a: ~(np.isfinite(a) & (a > 0)),
-                         "must be finite and > 0")
-        _checks.validate(fn, "loc", args["loc"], lambda a: ~np.isfinite(a), "must be finite")
-        _checks.validate(fn, "scale", args["scale"], lambda a: ~(np.isfinite(a) & (a > 0)),
-                         "must be finite and > 0")
+    del validate_args  # checked by constraints.declare
     return _student_t(x, df, loc, scale)

@@ -1,0 +1,105 @@
+"""The sets of values a kernel accepts, declared as data (NumPyro's ``support`` and
+``arg_constraints``).
+
+Each kernel names the constraint of every array argument once, with :func:`declare`: its
+``support`` (data; an element outside it contributes ``-inf`` with a zero gradient) and its
+``arg_constraints`` (parameters; a value outside them gives ``NaN``). The declaration is
+readable on the kernel itself, and it drives the ``validate_args`` checks and the contract
+tests::
+
+    >>> import fusedlp
+    >>> fusedlp.poisson_lpmf.support, fusedlp.poisson_lpmf.arg_constraints
+    ({'k': constraints.count}, {'rate': constraints.nonnegative})
+    >>> try:
+    ...     fusedlp.poisson_lpmf(3, -2.0, validate_args=True)
+    ... except ValueError as err:
+    ...     print(err)
+    poisson_lpmf: argument `rate` must be finite and >= 0; first offending entry rate = -2.0
+
+Inside ``jit`` nothing is checked (the values are not known): there the kernel's value
+carries the verdict, elementwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from collections.abc import Callable, Mapping
+
+import numpy as np
+
+from fusedlp import _checks
+
+__all__ = ("Constraint", "binary", "below_inf", "count", "declare", "nonnegative",
+           "not_nan", "positive", "real")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Constraint:
+    """A set of valid values: its name, how an error message states it, an elementwise numpy
+    test, and some values outside it (the contract tests feed them to every kernel)."""
+
+    name: str
+    what: str
+    holds: Callable[[np.ndarray], np.ndarray]
+    outside: tuple[float, ...]
+
+    def __repr__(self) -> str:
+        return f"constraints.{self.name}"
+
+
+_INF, _NAN = float("inf"), float("nan")
+
+real = Constraint("real", "must be finite", np.isfinite, (_INF, -_INF, _NAN))
+positive = Constraint("positive", "must be finite and > 0",
+                      lambda a: np.isfinite(a) & (a > 0), (0.0, -1.0, _INF, _NAN))
+nonnegative = Constraint("nonnegative", "must be finite and >= 0",
+                         lambda a: np.isfinite(a) & (a >= 0), (-1.0, _INF, _NAN))
+count = Constraint("count", "must hold non-negative integer counts",
+                   lambda a: (a >= 0) & (np.floor(a) == a) & np.isfinite(a), (-1.0, 2.5, _INF))
+binary = Constraint("binary", "must be 0 or 1", lambda a: (a == 0) | (a == 1), (-1.0, 0.5, 2.0))
+below_inf = Constraint("below_inf", "must be < +inf and not NaN", lambda a: a < np.inf,
+                       (_INF, _NAN))  # a log-scale parameter: -inf is its boundary, allowed
+not_nan = Constraint("not_nan", "must not be NaN", lambda a: ~np.isnan(a), (_NAN,))
+
+
+def validate(fn: str, name: str, value, constraint: Constraint) -> None:
+    """Raise ``ValueError`` naming ``name`` and its first entry outside ``constraint``
+    (concrete values only; a traced value is not looked at)."""
+    _checks.validate(fn, name, value, lambda a: ~constraint.holds(a), constraint.what)
+
+
+def declare(*, support: Mapping[str, Constraint], params: Mapping[str, Constraint],
+            check: Callable[..., None] | None = None):
+    """Decorator for a kernel ``f(arrays..., *, validate_args=None, ...)``: sets its
+    ``support`` and ``arg_constraints`` attributes, and with validation on (the
+    ``validate_args`` argument, else the global switch) checks concrete arguments against
+    them, in the order of the signature, before the call. ``check(fn, **arrays)``, if
+    given, runs last: a constraint that ties arguments together (binomial: k <= n)."""
+    def wrap(kernel: Callable) -> Callable:
+        sig = inspect.signature(kernel)
+        names = [n for n in sig.parameters if n in support or n in params]
+        undeclared = {**support, **params}.keys() - set(names)
+        if undeclared:
+            raise TypeError(f"{kernel.__name__}: no argument named {sorted(undeclared)}")
+        fn = kernel.__name__
+
+        @functools.wraps(kernel)
+        def checked(*args, **kwargs):
+            if _checks.want_validation(kwargs.get("validate_args")):
+                bound = sig.bind(*args, **kwargs)
+                bound.apply_defaults()
+                arrays = {n: _checks.as_real_array(fn, n, bound.arguments[n]) for n in names}
+                _checks.broadcast_shape(fn, **arrays)
+                for n in names:
+                    validate(fn, n, arrays[n], support.get(n) or params[n])
+                if check is not None:
+                    check(fn, **arrays)
+            return kernel(*args, **kwargs)
+
+        checked.support = dict(support)
+        checked.arg_constraints = dict(params)
+        return checked
+
+    return wrap
