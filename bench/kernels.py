@@ -772,7 +772,7 @@ def add_arguments(p) -> None:
                    help="where to write the JSON results (default: bench/results/kernels.json)")
     p.add_argument("--kernels", default=",".join(FAMILIES),
                    help=f"comma-separated subset of {','.join(FAMILIES)} (default: all)")
-    p.add_argument("--dtypes", default="float64,float32", help="comma-separated (default: both)")
+    p.add_argument("--dtypes", default="float64,float32", help="comma-separated list of float64, float32 (default: float64,float32)")
     p.add_argument("--max-n", type=float, default=1e7, help="largest N (default 1e7)")
     p.add_argument("--min-n", type=float, default=10, help="smallest N (default 10)")
     p.add_argument("--async-dispatch", action="store_true",

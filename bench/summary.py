@@ -2,7 +2,7 @@
 
 ``python -m bench summary [--results DIR]`` reads the JSON files the benchmarks write
 (``studies.json``, ``kernels.json``, ``contexts.json``, ``fuse.json``, ``fit.json``,
-``sharding.json``) from
+``sharding.json``, ``workloads.json``) from
 ``DIR`` and prints one markdown section per file found, each headed by the date, the machine
 and the commit it was measured on. The documentation's performance page is this output for
 the results committed in ``docs/results/``, so its numbers are the ones the code produced.
@@ -18,7 +18,7 @@ from bench._timing import fmt_ratio, fmt_us
 DEFAULT_RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 SIZES = (10**4, 10**6, 10**7)
 # the order of the sections, and the file each one reads
-SECTIONS = ("studies", "kernels", "contexts", "fuse", "fit", "sharding")
+SECTIONS = ("studies", "kernels", "contexts", "fuse", "fit", "sharding", "workloads")
 
 
 def add_arguments(p) -> None:
@@ -132,6 +132,20 @@ def section(name: str, doc: dict) -> str:
             "share the machine's cores, so the check is that sharding adds no data movement "
             "(the collectives column), not a speed-up.",
             machine_line(doc), _sharding_table(doc["results"])])
+    if name == "workloads":
+        from bench import workloads
+
+        return "\n\n".join([
+            "### Whole jobs (`python -m bench workloads`)",
+            "Each job timed from start to finish (fit, then its standard errors or summary) "
+            "against what a user would otherwise run. fusedlp warm: the median of repeated "
+            "calls of the compiled job; compile: the one-off lower + compile; cold: their sum. "
+            "baseline: what fusedlp is compared with, then its time; ratio: the baseline's "
+            "time / fusedlp's (above 1, fusedlp is faster). NUTS rows: time per leapfrog step. "
+            "The agreement table: how far fusedlp's estimates are from statsmodels' (EAM: "
+            "from the true parameters; NUTS: between the two posteriors, in posterior sds).",
+            machine_line(doc), workloads.table(doc["rows"]).strip(),
+            workloads.agreement_md(doc["rows"]).strip()])
     raise ValueError(name)
 
 

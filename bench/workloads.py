@@ -308,7 +308,7 @@ def eam_fit(cfg: dict, log) -> dict:
         out[opt]["warm_s"] = stats[opt].median
     log(f"  EAM: newton {out['newton']['steps']} steps {stats['newton'].median * 1e3:.2f} ms, "
         f"lbfgs {out['lbfgs']['steps']} steps {stats['lbfgs'].median * 1e3:.2f} ms")
-    return _row("EAM fit (README), Newton vs L-BFGS", out["newton"]["warm_s"],
+    return _row("EAM potential fit (12 configurations), Newton vs L-BFGS", out["newton"]["warm_s"],
                 out["newton"]["compile_s"], {"fusedlp L-BFGS": out["lbfgs"]["warm_s"]},
                 {"newton": out["newton"], "lbfgs": out["lbfgs"]},
                 {"lbfgs_compile_s": out["lbfgs"]["compile_s"]})

@@ -54,6 +54,13 @@ class FitStatus(enum.IntEnum):
     DIVERGED = 2  #: a step gave a non-finite objective, gradient, Hessian or parameters
     STALLED = 3  #: no step can make progress (the parameters would not change)
 
+    # By name, as ``repr`` does (an IntEnum would print its number).
+    def __str__(self) -> str:
+        return f"FitStatus.{self.name}"
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
 
 def _status_text(status) -> str:
     s = np.asarray(status)

@@ -510,6 +510,8 @@ def test_result_prints_status_by_name_and_converts_to_numpy(rng):
     k = rng.poisson(3.2, size=50)
     res = fusedlp.fit(poisson_rate_loglik, {"rate": 1.0}, k)
     assert "status=FitStatus.CONVERGED" in repr(res) and "Array(" not in repr(res)
+    status = fusedlp.FitStatus(int(res.status))
+    assert str(status) == f"{status}" == "FitStatus.CONVERGED" and status == 0
     d = res.to_dict()
     assert d["status"] == "CONVERGED" and isinstance(d["params"]["rate"], np.ndarray)
     batch = jax.vmap(lambda k: fusedlp.fit(poisson_rate_loglik, {"rate": 1.0}, k))(
