@@ -588,6 +588,11 @@ def _with_data_term(fast: Callable, term: Callable, pos: list[int]) -> Callable:
     return lambda *a: fast(*a) + term(*(a[i] for i in pos))
 
 
+def _on_one_device(a) -> bool:
+    sharding = getattr(a, "sharding", None)  # a NumPy array or a Python number has none
+    return sharding is None or len(sharding.device_set) == 1
+
+
 def _data_offset(term: Callable, data, dtype, shape) -> jax.Array | None:
     """The sum of ``term`` over the broadcast elements (``shape``), computed now, for data
     known when the kernel is traced; None for traced data, or where it is not finite.
@@ -595,6 +600,8 @@ def _data_offset(term: Callable, data, dtype, shape) -> jax.Array | None:
     constant becomes a tracer."""
     if not data or not _checks.is_concrete(*data):
         return None
+    if not all(_on_one_device(a) for a in data):
+        return None  # data spread over devices: summed where they lie, per element
     with jax.ensure_compile_time_eval():
         data = [jnp.asarray(a) for a in data]
         own = jnp.broadcast_shapes(*(a.shape for a in data))
@@ -629,11 +636,13 @@ def kernel(
     arguments instead of forward mode; each must be accurate wherever ``fast`` is finite,
     and not finite (or the value not finite) wherever it is not.
     ``data_term``: the part of the fast form's value that depends on the ``data`` arguments
-    alone (log k!, the counts' support verdicts), a function of those arguments in order,
-    with the same options; ``fast`` itself leaves it out. Where the data are concrete when
-    the kernel is traced (closed over by the caller: ``jax.jit(lambda p: loglik(p, data))``,
-    NumPyro's MCMC), its sum is computed then, once, instead of in every call; if that sum
-    is not finite (data off the support), or the data are traced, it is added per element.
+    alone (a Stirling-type part of log k!, the counts' support verdicts), a function of
+    those arguments in order, with the same options; ``fast`` itself leaves it out. Where
+    the fast form runs (above ``_xla.SMALL`` elements) on data that are concrete when the
+    kernel is traced (closed over by the caller: ``jax.jit(lambda p: loglik(p, data))``,
+    NumPyro's MCMC) and on one device, its sum is computed then, once, instead of in every
+    call; otherwise (traced data, data spread over devices, or a sum that is not finite:
+    data off the support) it is added per element.
     ``mode``: "jvp" (fuse's rule); for the benchmark, "grad" (reverse mode per element in
     the rule) and "autodiff" (no rule: jnp.sum of vmap(f), plain autodiff).
     """
@@ -698,8 +707,9 @@ def kernel(
         if fast_elem is not None and data_term is not None:
             term = functools.partial(data_term, **options) if options else data_term
             pos = sorted(data_idx)
-            offset = _data_offset(term, [values[i] for i in pos], dt,
-                                  jnp.broadcast_shapes(*(a.shape for a in arrays)))
+            shape = jnp.broadcast_shapes(*(a.shape for a in arrays))
+            if mode == "jvp" and math.prod(shape) > _xla.SMALL:  # where the fast form runs
+                offset = _data_offset(term, [values[i] for i in pos], dt, shape)
             if offset is None:
                 fast_elem = _with_data_term(fast_elem, term, pos)
         spec = _Spec(elem, nondiff, mode, fast_elem, fast_layout, fast_partials=hand,

@@ -18,7 +18,7 @@ from fusedlp._fuse import fuse, kernel
 # exact for every finite eta: no exp overflows, nothing cancels, and one exp and one log1p
 # serve both softplus terms. So, one element,
 #
-#   Bernoulli:  log p(y | eta)    = -((t + |t|)/2 + log1p(exp(-|t|))),   t = eta if y = 0,
+#   Bernoulli:  log p(y | eta)    = -((t + |eta|)/2 + l),                t = eta if y = 0,
 #                                                                        t = -eta if y = 1
 #               d/deta            = y - sigmoid(eta)
 #   binomial:   log p(k | n, eta) = log C(n, k) - k (|eta| - eta)/2 - (n - k)(|eta| + eta)/2
@@ -40,8 +40,8 @@ from fusedlp._fuse import fuse, kernel
 
 def _bernoulli_logit_element(y, logit):
     t = jnp.where(y == 1, -logit, logit)
-    a = jnp.abs(t)
-    lp = -(0.5 * (t + a) + jnp.log1p(jnp.exp(-a)))
+    a = jnp.abs(logit)  # = |t|, written in the parameter alone: with a scalar logit the
+    lp = -(0.5 * (t + a) + jnp.log1p(jnp.exp(-a)))  # exp and log1p are scalar work
     ok = jnp.isfinite(logit) & ~jnp.isnan(y)
     return jnp.where(ok, jnp.where((y == 0) | (y == 1), lp, -jnp.inf), jnp.nan)
 
@@ -188,7 +188,7 @@ def _validate_k(fn, k, n, **_):
     k, n = np.asarray(k), np.asarray(n)
     shape = np.broadcast_shapes(k.shape, n.shape)
     kb, nb = np.broadcast_to(k, shape), np.broadcast_to(n, shape)
-    bad = ~((kb >= 0) & (np.floor(kb) == kb) & (kb <= nb))
+    bad = ~(constraints.count.holds(kb) & (kb <= nb))
     if bad.any():
         idx = tuple(int(i) for i in np.argwhere(bad)[0])
         raise ValueError(

@@ -32,7 +32,7 @@ import numpy as np
 from fusedlp import _checks
 
 __all__ = ("Constraint", "binary", "below_inf", "count", "declare", "nonnegative",
-           "not_nan", "positive", "real")
+           "not_nan", "positive", "real", "validate")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -88,7 +88,10 @@ def declare(*, support: Mapping[str, Constraint], params: Mapping[str, Constrain
         @functools.wraps(kernel)
         def checked(*args, **kwargs):
             if _checks.want_validation(kwargs.get("validate_args")):
-                bound = sig.bind(*args, **kwargs)
+                try:
+                    bound = sig.bind(*args, **kwargs)
+                except TypeError:  # the call's own error, which names the kernel
+                    return kernel(*args, **kwargs)
                 bound.apply_defaults()
                 arrays = {n: _checks.as_real_array(fn, n, bound.arguments[n]) for n in names}
                 _checks.broadcast_shape(fn, **arrays)

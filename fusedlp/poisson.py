@@ -122,6 +122,8 @@ def _fast(normalized, integer_k, k, param, log_form, want_partial, data_sum=None
     form and their checks are not computed again.
     """
     shape = jnp.broadcast_shapes(k.shape, param.shape)
+    if not normalized and param.size == 1:
+        return _fast_linear(integer_k, k, param, log_form, want_partial)
 
     def terms(k, param):
         verdict = param - param if log_form else _xla.nan_unless_nonneg(param)
@@ -151,6 +153,27 @@ def _fast(normalized, integer_k, k, param, log_form, want_partial, data_sum=None
     rate = jnp.exp(param) if log_form else param
     d = k - rate if log_form else k / rate - 1.0
     return value, sum_to_shape(jnp.broadcast_to(d, shape), param.shape)
+
+
+def _fast_linear(integer_k, k, param, log_form, want_partial):
+    """`_fast` for ``normalized=False`` and a scalar parameter, where the sum is linear in
+    the counts: sum_i k_i eta - n lam = eta S - n lam and its partial S - n lam (S/lam - n
+    in the rate form), S = sum_i k_i, so one pass over the data serves both (the counts'
+    verdicts ride in S) and the parameter is scalar work."""
+    # A negative count makes S -inf (as in `_poisson_propto_int_sum`), so the sum is not
+    # finite and the exact pass runs.
+    ks = jnp.minimum(k, (k + 0.5) * jnp.inf)
+    if not integer_k:
+        ks = ks + _xla.nan_unless_nonneg(jnp.floor(k) - k)  # NaN unless whole
+    s = jnp.sum(ks)
+    n = k.size
+    param, shape = param.reshape(()), param.shape
+    rate = jnp.exp(param) if log_form else param
+    param_verdict = param - param if log_form else _xla.nan_unless_nonneg(param)
+    value = s * (param if log_form else jnp.log(rate)) - n * rate + param_verdict
+    if not want_partial:
+        return value, None
+    return value, (s - n * rate if log_form else s / rate - n).reshape(shape)
 
 
 def _fast_or_exact(k, param, fast, exact):

@@ -284,6 +284,21 @@ def check_eager_grad_sharding(mesh):
     return str(g.sharding)
 
 
+def check_eager_fuse_kernels_on_sharded_data(mesh):
+    """Concrete data already on the devices (no jax.set_mesh) into the fuse kernels whose
+    data-only part is summed at trace time for concrete data: equal to the unsharded call
+    (that part stays per element for data spread over devices)."""
+    d = _data(N_EVEN, np.float64)
+    k, t = np.minimum(d["k"], d["trials"]), d["trials"]
+    calls = {"negative_binomial_lpmf": ((d["k"], d["rate"]), (2.5,)),
+             "binomial_logit_lpmf": ((k, t, d["eta"]), ())}
+    for name, (arrays, scalars) in calls.items():
+        f = getattr(fusedlp, name)
+        np.testing.assert_allclose(float(f(*shard(arrays, mesh), *scalars)),
+                                   float(f(*arrays, *scalars)), rtol=1e-12, err_msg=name)
+    return ", ".join(calls)
+
+
 def check_detector_catches_gather(mesh):
     """Mutation check of the HLO test: a kernel fed a gathered (replicated) copy must fail."""
     x = shard(np.linspace(-1.0, 1.0, 1024), mesh)
@@ -486,6 +501,8 @@ def main() -> int:
         _in_mesh, explicit, check_fused_hessian, explicit)
     record("cotangents", "eager grad keeps the input's sharding")(
         check_eager_grad_sharding, auto)
+    record("explicit", "eager fuse kernels on concrete sharded data, no set_mesh")(
+        check_eager_fuse_kernels_on_sharded_data, explicit)
     record("hlo", "the HLO check fails on a program that gathers")(
         check_detector_catches_gather, auto)
     record("fit", "poisson regression N=4000")(check_fit, auto, 4000)

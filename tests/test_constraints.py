@@ -83,3 +83,23 @@ def test_a_value_outside_its_constraint(name, arg, bad):
             assert g == 0.0, (a, g)
     with pytest.raises(ValueError, match=f"`{arg}`"):
         kernel(**point, validate_args=True)
+
+
+@pytest.mark.parametrize(("name", "arg", "bad"), _outside_cases())
+def test_a_value_outside_its_constraint_among_many(name, arg, bad):
+    """The same, with the value one element among more than _xla.SMALL valid ones, every
+    argument an array: where the select-free fast forms (and trace-time data terms) run."""
+    from fusedlp import _xla
+
+    kernel, n, i = _kernel(name), 2 * _xla.SMALL + 3, _xla.SMALL
+    point = {a: np.full(n, v) for a, v in VALID[name].items()}
+    point[arg][i] = bad
+    params = list(kernel.arg_constraints)
+    value, grads = jax.value_and_grad(
+        lambda p: kernel(**{**point, **p}), argnums=0)({a: point[a] for a in params})
+    if math.isnan(bad) or arg in kernel.arg_constraints:
+        assert np.isnan(value)
+    else:  # data outside the support: that element's partials are zero, the rest finite
+        assert value == -np.inf
+        for a, g in grads.items():
+            assert g[i] == 0.0 and np.all(np.isfinite(g)), a

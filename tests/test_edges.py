@@ -747,6 +747,25 @@ def test_normal_hessian_ignores_out_of_support_elements(n, array_scale, rng):
             np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("kernel, params", [
+    ("poisson_log_lpmf", [-800.0, -2.0, 0.0, 1.5, 700.0, INF, -INF, NAN]),
+    ("poisson_lpmf", [0.0, 1e-300, 0.5, 3.0, 1e300, INF, -1.0, NAN])])
+@pytest.mark.parametrize("edge, dtype", [
+    ([0], "int64"), ([-3], "int64"), ([0], "float64"), ([-3], "float64"), ([2.5], "float64"),
+    ([INF], "float64"), ([NAN], "float64")])
+def test_propto_scalar_parameter_sums_as_the_broadcast_vector(kernel, params, edge, dtype,
+                                                              rng):
+    """normalized=False with a scalar parameter is linear in the counts and is summed as
+    eta * sum(k) - n * rate; it gives what the same parameter broadcast to a vector gives
+    (per-element terms), edges included, above the select-free path's threshold."""
+    k = np.concatenate([rng.poisson(3.0, 2 * _xla.SMALL), edge]).astype(dtype)
+    f = getattr(fusedlp, kernel)
+    for p in params:
+        vs, gs = jax.value_and_grad(lambda q: f(k, q, normalized=False))(p)
+        vv, gv = jax.value_and_grad(lambda q: f(k, q, normalized=False))(np.full(k.shape, p))
+        np.testing.assert_allclose([vs, gs], [vv, np.sum(gv)], rtol=1e-12, err_msg=f"{p}")
+
+
 @pytest.mark.parametrize("n", [5, 20_000], ids=["small", "large"])
 def test_poisson_hessian_ignores_out_of_support_float_counts(n, rng):
     k = rng.poisson(2.0, size=n).astype(float)
