@@ -688,7 +688,7 @@ def kernel(
         if not values:
             raise TypeError(f"{fn_name}: needs at least one array argument")
         arrays = [_checks.as_real_array(fn_name, nm, v) for nm, v in zip(names, values)]
-        _checks.broadcast_shape(fn_name, **dict(zip(names, arrays)))
+        shape = _checks.broadcast_shape(fn_name, **dict(zip(names, arrays)))
         dt = _checks.float_dtype(*arrays)
         nondiff = tuple(
             (i in data_idx) or not jnp.issubdtype(a.dtype, jnp.floating)
@@ -707,7 +707,6 @@ def kernel(
         if fast_elem is not None and data_term is not None:
             term = functools.partial(data_term, **options) if options else data_term
             pos = sorted(data_idx)
-            shape = jnp.broadcast_shapes(*(a.shape for a in arrays))
             if mode == "jvp" and math.prod(shape) > _xla.SMALL:  # where the fast form runs
                 offset = _data_offset(term, [values[i] for i in pos], dt, shape)
             if offset is None:

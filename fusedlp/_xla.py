@@ -44,6 +44,12 @@ def nan_unless_nonneg(a):
     return jnp.sqrt(a) - jnp.sqrt(a)
 
 
+def nan_unless_whole(a):
+    """0 where ``a`` is a finite whole number, NaN elsewhere: a count's verdict in
+    arithmetic (with `nan_unless_nonneg` for its sign)."""
+    return nan_unless_nonneg(jnp.floor(a) - a)
+
+
 def step(a):
     """1 where ``a > 0``, 0 where ``a <= 0`` (NaN stays NaN), in arithmetic: a mask for
     blending two branches as ``m * f + (1 - m) * g``, exact for m in {0, 1} and finite f,

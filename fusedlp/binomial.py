@@ -117,8 +117,8 @@ def _binomial_logit_data(k, n, *, normalized=True):
     stirlerr(n) - stirlerr(k) - stirlerr(n - k) - log(2 pi k (n - k) / n) / 2 (if
     ``normalized``), and NaN unless k and n are counts with k <= n."""
     verdict = (_xla.nan_unless_nonneg(k) + _xla.nan_unless_nonneg(n - k)
-               + _xla.nan_unless_nonneg(jnp.floor(k) - k)
-               + _xla.nan_unless_nonneg(jnp.floor(n) - n))
+               + _xla.nan_unless_whole(k)
+               + _xla.nan_unless_whole(n))
     if not normalized:
         return verdict
     inner, ks, ms, ns = _interior(k, n)

@@ -121,16 +121,16 @@ def _fast(normalized, integer_k, k, param, log_form, want_partial, data_sum=None
     given, is `_data_sum` of counts known to lie on the support: their part of Loader's
     form and their checks are not computed again.
     """
-    shape = jnp.broadcast_shapes(k.shape, param.shape)
     if not normalized and param.size == 1:
         return _fast_linear(integer_k, k, param, log_form, want_partial)
+    shape = jnp.broadcast_shapes(k.shape, param.shape)
 
     def terms(k, param):
         verdict = param - param if log_form else _xla.nan_unless_nonneg(param)
         if data_sum is None:
             verdict = verdict + _xla.nan_unless_nonneg(k)
         if data_sum is None and not integer_k:
-            verdict = verdict + _xla.nan_unless_nonneg(jnp.floor(k) - k)  # NaN unless whole
+            verdict = verdict + _xla.nan_unless_whole(k)
         rate = jnp.exp(param) if log_form else param
         if normalized:
             kp = jnp.maximum(k, 1.0)
@@ -155,16 +155,20 @@ def _fast(normalized, integer_k, k, param, log_form, want_partial, data_sum=None
     return value, sum_to_shape(jnp.broadcast_to(d, shape), param.shape)
 
 
+def _minus_inf_where_negative(t, k):
+    """``t``, but -inf where the count ``k`` is negative, without a select: (k + 1/2) * inf
+    is -inf for k < 0 and +inf for k >= 0, and min() with it leaves t (and NaN) alone."""
+    return jnp.minimum(t, (k + 0.5) * jnp.inf)
+
+
 def _fast_linear(integer_k, k, param, log_form, want_partial):
     """`_fast` for ``normalized=False`` and a scalar parameter, where the sum is linear in
     the counts: sum_i k_i eta - n lam = eta S - n lam and its partial S - n lam (S/lam - n
     in the rate form), S = sum_i k_i, so one pass over the data serves both (the counts'
     verdicts ride in S) and the parameter is scalar work."""
-    # A negative count makes S -inf (as in `_poisson_propto_int_sum`), so the sum is not
-    # finite and the exact pass runs.
-    ks = jnp.minimum(k, (k + 0.5) * jnp.inf)
+    ks = _minus_inf_where_negative(k, k)  # S -inf: not finite, so the exact pass runs
     if not integer_k:
-        ks = ks + _xla.nan_unless_nonneg(jnp.floor(k) - k)  # NaN unless whole
+        ks = ks + _xla.nan_unless_whole(k)
     s = jnp.sum(ks)
     n = k.size
     param, shape = param.reshape(()), param.shape
@@ -222,15 +226,14 @@ def _poisson_propto_int_sum(k, rate):
       - 0 log 0 = 0: at k = 0 the log sees lam + 1/2 (1/2 - min(k, 1/2) is 1/2 at k = 0, 0
         above), and 0 * log(lam + 1/2) = 0;
       - sqrt(lam) - sqrt(lam) is 0 for a valid rate, NaN for lam < 0, lam = inf or NaN;
-      - (k + 1/2) * inf is -inf for k < 0 and +inf for k >= 0: min() with it gives -inf
-        off the support and leaves valid terms (and NaN) alone.
+      - `_minus_inf_where_negative` gives -inf off the support.
     Equal, element for element, to the select form in `_poisson_terms` for integer k. (The
     constants 1/2 and inf appear nowhere in the partials' pass: a constant shared with it
     is broadcast once and materialised as an N-array for this reduction.)
     """
     klog = k * jnp.log(rate + (0.5 - jnp.minimum(k, 0.5)))
     t = klog - rate + (jnp.sqrt(rate) - jnp.sqrt(rate))
-    return jnp.sum(jnp.minimum(t, (k + 0.5) * jnp.inf))
+    return jnp.sum(_minus_inf_where_negative(t, k))
 
 
 # The exact passes are jitted so that a program calling a kernel at several sites (a fit:

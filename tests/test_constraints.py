@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import fusedlp
+from fusedlp import _xla
 
 # A valid point per summed kernel, every array argument by name.
 VALID = {
@@ -67,33 +68,20 @@ def test_the_valid_point_is_inside_every_constraint(name):
     assert np.isfinite(value)
 
 
+@pytest.mark.parametrize("n", [None, 2 * _xla.SMALL + 3], ids=["scalars", "among-many"])
 @pytest.mark.parametrize(("name", "arg", "bad"), _outside_cases())
-def test_a_value_outside_its_constraint(name, arg, bad):
-    kernel, point = _kernel(name), dict(VALID[name])
+def test_a_value_outside_its_constraint(name, arg, bad, n):
+    """Every argument a scalar (n None: the exact pass), or the value one element among
+    more than _xla.SMALL valid ones, every argument an array: where the select-free fast
+    forms (and trace-time data terms) run."""
+    kernel = _kernel(name)
     assert not _declared(kernel)[arg].holds(np.asarray(bad))
-    point[arg] = bad
-    params = list(kernel.arg_constraints)
-    value, grads = jax.value_and_grad(
-        lambda p: kernel(**{**point, **p}), argnums=0)({a: point[a] for a in params})
-    if math.isnan(bad) or arg in kernel.arg_constraints:
-        assert np.isnan(value)
-    else:  # data outside the support
-        assert value == -np.inf
-        for a, g in grads.items():
-            assert g == 0.0, (a, g)
-    with pytest.raises(ValueError, match=f"`{arg}`"):
-        kernel(**point, validate_args=True)
-
-
-@pytest.mark.parametrize(("name", "arg", "bad"), _outside_cases())
-def test_a_value_outside_its_constraint_among_many(name, arg, bad):
-    """The same, with the value one element among more than _xla.SMALL valid ones, every
-    argument an array: where the select-free fast forms (and trace-time data terms) run."""
-    from fusedlp import _xla
-
-    kernel, n, i = _kernel(name), 2 * _xla.SMALL + 3, _xla.SMALL
-    point = {a: np.full(n, v) for a, v in VALID[name].items()}
-    point[arg][i] = bad
+    if n is None:
+        point, i = dict(VALID[name]), ()
+        point[arg] = bad
+    else:
+        point, i = {a: np.full(n, v) for a, v in VALID[name].items()}, _xla.SMALL
+        point[arg][i] = bad
     params = list(kernel.arg_constraints)
     value, grads = jax.value_and_grad(
         lambda p: kernel(**{**point, **p}), argnums=0)({a: point[a] for a in params})
@@ -102,4 +90,7 @@ def test_a_value_outside_its_constraint_among_many(name, arg, bad):
     else:  # data outside the support: that element's partials are zero, the rest finite
         assert value == -np.inf
         for a, g in grads.items():
-            assert g[i] == 0.0 and np.all(np.isfinite(g)), a
+            g = np.asarray(g)
+            assert g[i] == 0.0 and np.all(np.isfinite(g)), (a, g)
+    with pytest.raises(ValueError, match=f"`{arg}`"):
+        kernel(**point, validate_args=True)
