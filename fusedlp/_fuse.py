@@ -29,7 +29,14 @@ passes over memory; here the partials are formed in the same loop as the value, 
 still in registers, and the backward rule is one multiply per argument. Whether it does
 depends on how XLA:CPU fuses the loops (see :func:`fuse`, "When it helps").
 
-The edge rule (because ``f`` is arbitrary user code, the kernel imposes it on the partials):
+Second derivatives (``fusedlp.hessian``: reverse mode over the forward rule) differentiate
+the forward rule through a rule of its own (``_second_order_jvp``): each element's second
+partials by forward mode over forward mode through ``f``, formed once, so that an outer
+``jacrev`` multiplies them by each basis vector instead of walking ``f``'s chain back once
+per vector.
+
+The edge rule (because ``f`` is arbitrary user code, the kernel imposes it on the first and
+second partials):
 
 * an element whose log-density is ``-inf`` (data outside the support, or an impossible
   event) contributes **zero** to every partial, whatever ``f``'s derivative there is;
@@ -358,6 +365,82 @@ def _fold(d, a, batched_i, shape):
 
 
 def _fused_fwd(spec: _Spec, *args):
+    """The forward rule: the summed value and each perturbed argument's folded partials
+    (`_forward_outputs`), with the second-order rule `_second_order_jvp` attached."""
+    perturbed = tuple(a.perturbed for a in args)
+    outputs = functools.partial(_forward_outputs, spec, perturbed)
+
+    @jax.custom_jvp
+    def forward(*arrays):
+        return outputs(*arrays)
+
+    forward.defjvp(functools.partial(_second_order_jvp, spec, perturbed, outputs),
+                   symbolic_zeros=True)
+    return forward(*(a.value for a in args))
+
+
+def _second_order_jvp(spec: _Spec, perturbed, outputs, primals, tangents):
+    """The forward rule's own derivative, which second derivatives (fusedlp.hessian,
+    jax.hessian) differentiate: from per-element second partials formed once.
+
+    Per element e, with d_j = df/da_j and H_ij = d^2 f / da_i da_j (forward over forward
+    mode through f, one jvp per moved argument j, each with a tangent of ones: the elements
+    are independent, as in `_partials`), the tangents of the forward rule's outputs are
+
+      d value     = sum_e sum_j d_j,e t_j,e
+      d partial_i = fold_i( sum_j H_ij,e t_j,e )
+
+    with t_j,e the tangent of argument j broadcast to the elements, and the edge rule on
+    d_j and H_ij. Linear in t, with H and d as constants: a reverse pass over it (an outer
+    jacrev, vmapped over a basis) is a few multiplies per element, where differentiating
+    the forward rule's own code walks f's whole chain back once per basis vector."""
+    moved = [j for j, t in enumerate(tangents)
+             if not isinstance(t, jax.custom_derivatives.SymbolicZero) and not spec.nondiff[j]]
+    inner = [i for i, (p, nd) in enumerate(zip(perturbed, spec.nondiff)) if p and not nd]
+    if not moved:
+        value, grads = out = outputs(*primals)
+        return out, (jnp.zeros_like(value), tuple(None if g is None else jnp.zeros_like(g)
+                                                  for g in grads))
+    dtype = primals[0].dtype
+    exact = dataclasses.replace(spec, fast=None, offset=None)
+    fn, flat, shape, batched = _elementwise(exact, list(primals))
+
+    def values_and_partials(*fl):  # per element: f and the inner arguments' partials
+        if not inner:
+            return fn(*fl), {}
+        return _partials(exact, fn, list(fl), batched, inner, with_value=True)
+
+    def second(fl):  # f, the inner partials, and their tangents along each moved argument
+        def along(j, a):
+            return values_and_partials(*fl[:j], a, *fl[j + 1:])
+        return [jax.jvp(functools.partial(along, j), (fl[j],), (jnp.ones_like(fl[j]),))
+                for j in moved]
+
+    # Fenced (its predicate from a moved argument: traced, where the data may be constants):
+    # XLA would otherwise fuse f's whole chain into the product with each basis vector of
+    # an outer jacrev, forming it once per vector.
+    per_element = jax.ShapeDtypeStruct((math.prod(shape),), dtype)
+    parts = (per_element, dict.fromkeys(inner, per_element))
+    pushed = _xla.fenced(lambda _, fl: second(fl), [(parts, parts)] * len(moved),
+                         flat[moved[0]], flat)
+    (v, ds), _ = pushed[0]
+    dvalue, dpartials = jnp.zeros((), dtype), {}
+    for j, (_, (d, hs)) in zip(moved, pushed):
+        t = tangents[j].astype(dtype)
+        t = jnp.broadcast_to(t, shape).reshape(-1) if batched[j] else t.reshape(())
+        dvalue = dvalue + jnp.sum(_edge_rule(v, d) * t)
+        for i in inner:
+            dpartials[i] = dpartials.get(i, 0.0) + _edge_rule(v, hs[i]) * t
+    # the primal outputs from the same exact pass (the forward-over-forward one's primal)
+    grads = {i: _fold(_edge_rule(v, ds[i]), primals[i], batched[i], shape) for i in inner}
+    dgrads = {i: _fold(dpartials[i], primals[i], batched[i], shape) for i in inner}
+    return ((_value(v, dtype), tuple(grads.get(i) for i in range(len(primals)))),
+            (dvalue, tuple(dgrads.get(i) for i in range(len(primals)))))
+
+
+def _forward_outputs(spec: _Spec, perturbed, *arrays):
+    """The forward rule's value and folded partials (see `_fused_fwd`)."""
+    args = [_Primal(a, p) for a, p in zip(arrays, perturbed)]
     if spec.fast is not None and spec.mode == "jvp":
         # The select-free form's value and partials (its "cond" layout without the
         # conditional: finite means no edge), or, if its sum is not finite, f's exact pass.

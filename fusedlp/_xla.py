@@ -85,6 +85,27 @@ def written(fn: Callable, *arrays):
     return jax.lax.cond(jnp.isnan(first.reshape(-1)[0]), fn, fn, *arrays)
 
 
+def fenced(fn: Callable, shapes, *arrays):
+    """``fn(*arrays)``, whose outputs are shaped as the pytree of ``jax.ShapeDtypeStruct``
+    ``shapes``, formed in a computation of its own, compiled once, also under ``vmap``.
+
+    XLA:CPU fuses a long elementwise chain of cheap operations into every consumer, so a
+    consumer that reads each element several times (a product with each basis vector of an
+    outer jacrev) forms the chain once per read. A lax.cond is a fence XLA does not fuse
+    across; here its predicate always holds (``x * 0 + 1 != 0``, NaN and inf included, which
+    XLA cannot fold for floats), the other branch gives zeros of ``shapes`` (never taken;
+    given, so that ``fn`` is traced once), and the predicate is one for a whole ``vmap``
+    batch (`batch_all`), so that the cond stays a cond there. ``arrays[0]`` must be traced
+    (not a constant), or XLA folds the fence away.
+    """
+    first = jax.tree.leaves(arrays)[0]
+    if first.size == 0 or split_sharding(first) is not None:
+        return fn(*arrays)  # nothing to fence; or split over devices: see `written`
+    holds = batch_all(first.reshape(-1)[0] * 0 + 1 != 0)
+    return jax.lax.cond(holds, fn, lambda *_: jax.tree.map(
+        lambda s: jnp.zeros(s.shape, s.dtype), shapes), *arrays)
+
+
 @custom_batching.custom_vmap
 def batch_all(pred):
     """``pred`` (a scalar boolean), and under ``vmap`` one verdict for the whole batch: all
@@ -146,8 +167,9 @@ def fast_or_exact(n: int, fast: Callable, exact: Callable, *arrays,
     member sends the batch to the exact pass, which is right for every member.
 
     The fast pass runs once, ahead of the cond that passes its result on. Differentiated
-    (only second derivatives, `fusedlp.hessian`, differentiate a forward rule), the exact
-    pass alone is: a second derivative's forward-mode tangents are written out as arrays
+    (only second derivatives, `fusedlp.hessian`, differentiate a forward rule: the Poisson
+    kernels'; fuse's forward rule has a second-order rule of its own), the exact pass
+    alone is: a second derivative's forward-mode tangents are written out as arrays
     whatever the layout, so the select-free form gains nothing there, while differentiating
     both passes and the cond made a Newton fit's program several times slower to trace and
     compile (docs/performance.md); and no zero cotangent of an untaken fast pass can meet

@@ -119,6 +119,27 @@ def test_user_density_against_autodiff_and_hessian(rng, tol):
         assert_close(a, b, t["grad"], what="hessian")
 
 
+@pytest.mark.parametrize("n", [3, 5000])
+def test_user_density_hessian_ignores_elements_outside_the_support(n, rng, tol):
+    """The edge rule on second partials: an element whose log-density is -inf adds nothing
+    to the Hessian, even where f's own second derivative there is not finite (a^2 log x at
+    x = 0: reverse mode through the forward rule's code once gave NaN)."""
+    @fusedlp.fuse
+    def f(x, a, b):
+        return jnp.where(x >= 0, a * a * jnp.log(x) - b * x + jnp.log(b), -jnp.inf)
+
+    x = rng.uniform(0.5, 2.0, n)
+    x[1] = 0.0  # log-density -inf: a > 0 and log 0
+    x[2] = -1.0  # outside the support
+    inside = np.ones(n, bool)
+    inside[1:3] = False
+    p = jnp.array([2.0, 1.5])
+    h_all = jax.jit(fusedlp.hessian(lambda p: f(x, p[0], p[1])))(p)
+    h_in = jax.jit(fusedlp.hessian(lambda p: f(x[inside], p[0], p[1])))(p)
+    assert np.all(np.isfinite(h_all)), h_all
+    assert_close(h_all, h_in, tol(np.float64)["grad"], what="hessian")
+
+
 def test_decorator_forms_defaults_and_static_options(rng, tol):
     t = tol(np.float64)
     x = rng.normal(size=5)

@@ -161,3 +161,52 @@ def test_the_temporaries_check_sees_a_whole_exact_pass(rng, monkeypatch):
     monkeypatch.setattr(_xla, "BLOCK", 2**30)
     fn = jax.value_and_grad(_vector_parameter_kernels(rng, BLOCKS_N)["negative_binomial"])
     assert _temporaries(fn, np.full(BLOCKS_N, 1.5), n=BLOCKS_N) > 4.5
+
+
+# fuse's second-order rule (fusedlp._fuse._second_order_jvp) forms each element's second
+# partials once, behind a fence (fusedlp._xla.fenced); an outer jacrev then multiplies them
+# by each basis vector. Without the fence XLA fuses the whole chain of f into that product
+# and forms it once per basis vector.
+P = 7  # basis vectors of the outer jacrev: a size no other array dimension has
+
+
+def _glm_hessian(name, rng):
+    """A fuse-built kernel's Hessian in a regression's P coefficients, as fit's Newton steps
+    form it: reverse over reverse, the outer jacrev vmapped over P basis vectors."""
+    d = _data(rng)
+    X = rng.normal(size=(N, P)) * 0.1
+    kernels = {
+        "negative_binomial": lambda e: fusedlp.negative_binomial_lpmf(d["k"], jnp.exp(e), 2.5),
+        "gamma": lambda e: fusedlp.gamma_lpdf(d["x"], 2.5, jnp.exp(e)),
+        "student_t": lambda e: fusedlp.student_t_lpdf(d["x"], 5.0, e, 1.3),
+        "binomial_logit": lambda e: fusedlp.binomial_logit_lpmf(d["k"], d["n"], e),
+        "bernoulli_logit": lambda e: fusedlp.bernoulli_logit_lpmf((d["k"] > 2) * 1.0, e),
+    }
+    return fusedlp.hessian(lambda b: kernels[name](X @ b)), np.zeros(P)
+
+
+def _ops_per_basis_vector(hlo: str) -> int:
+    """The most instructions in one fused computation whose result holds a [P, N] array:
+    the work XLA does per basis vector and element."""
+    bodies = dict(re.findall(r"\n(%[\w.\-]+) \([^\n]*\{\n(.*?)\n\}", hlo, re.S))
+    most = 0
+    for line in hlo.splitlines():
+        m = re.search(rf"=\s*\(?[^=]*\[{P},{N}\][^=]*\sfusion\(.*calls=(%[\w.\-]+)", line)
+        if m:
+            most = max(most, len(bodies.get(m.group(1), "").splitlines()))
+    return most
+
+
+@pytest.mark.parametrize("name", ["negative_binomial", "gamma", "student_t", "binomial_logit",
+                                  "bernoulli_logit"])
+def test_fused_hessian_forms_second_partials_once(name, rng):
+    """Per basis vector and element, a few products (the chain of f holds hundreds)."""
+    assert _ops_per_basis_vector(_optimised_hlo(*_glm_hessian(name, rng))) < 40
+
+
+def test_the_basis_vector_count_sees_an_unfenced_chain(rng, monkeypatch):
+    """The bound above can fail: without the fence, f's chain is formed per basis vector."""
+    from fusedlp import _xla
+
+    monkeypatch.setattr(_xla, "fenced", lambda fn, shapes, *arrays: fn(*arrays))
+    assert _ops_per_basis_vector(_optimised_hlo(*_glm_hessian("negative_binomial", rng))) > 40
