@@ -161,6 +161,11 @@ def _fast_spec(spec: _Spec) -> _Spec:
                                partials=spec.fast_partials, fast_partials=(), offset=None)
 
 
+def _exact_spec(spec: _Spec) -> _Spec:
+    """``spec`` without its fast form: ``f``'s exact pass, which holds the whole value."""
+    return dataclasses.replace(spec, fast=None, offset=None)
+
+
 def _plus_offset(spec: _Spec, fn: Callable) -> Callable:
     """``fn`` (a fast pass: its value, or its value and partials) with ``spec.offset`` added to
     the value."""
@@ -205,7 +210,7 @@ def _fused_value(spec: _Spec, *arrays):
     """The summed value; undecorated, it is also the "autodiff" mode (no custom rule)."""
     if spec.fast is not None and spec.mode == "jvp":
         shape = jnp.broadcast_shapes(*(a.shape for a in arrays))
-        exact = dataclasses.replace(spec, fast=None, offset=None)
+        exact = _exact_spec(spec)
         return _xla.fast_or_exact(
             math.prod(shape),
             _plus_offset(spec, functools.partial(_fused_value, _fast_spec(spec))),
@@ -402,7 +407,7 @@ def _second_order_jvp(spec: _Spec, perturbed, outputs, primals, tangents):
         return out, (jnp.zeros_like(value), tuple(None if g is None else jnp.zeros_like(g)
                                                   for g in grads))
     dtype = primals[0].dtype
-    exact = dataclasses.replace(spec, fast=None, offset=None)
+    exact = _exact_spec(spec)
     fn, flat, shape, batched = _elementwise(exact, list(primals))
 
     def values_and_partials(*fl):  # per element: f and the inner arguments' partials
@@ -451,7 +456,7 @@ def _forward_outputs(spec: _Spec, perturbed, *arrays):
             return _fused_fwd_plain(spec, *map(_Primal, arrays, perturbed),
                                     force_exact=force_exact)
 
-        exact = dataclasses.replace(spec, fast=None, offset=None)
+        exact = _exact_spec(spec)
         return _xla.fast_or_exact(
             n, _plus_offset(spec, functools.partial(run, _fast_spec(spec), False)),
             functools.partial(run, exact, True), *(a.value for a in args),
