@@ -144,9 +144,9 @@ def _value(terms: jax.Array, dtype) -> jax.Array:
 
 
 def _written_terms(fn):
-    """``fn`` formed in a computation of its own (fusedlp._xla.written), so that it is one
+    """``fn`` formed in a computation of its own (fusedlp._xla.fenced), so that it is one
     elementwise loop that writes the terms, and their sum a plain reduction (see _layout)."""
-    return lambda *flat: _xla.written(fn, *flat)
+    return lambda *flat: _xla.fenced(fn, jax.eval_shape(fn, *flat), *flat)
 
 
 class _Primal(NamedTuple):

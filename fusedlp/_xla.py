@@ -68,39 +68,27 @@ def split_sharding(x):
     return None
 
 
-def written(fn: Callable, *arrays):
-    """``fn(*arrays)`` formed in a computation of its own, so that its arrays are written by
-    one elementwise loop each and a caller's sum of them is a plain reduction.
-
-    Fed to a reduction directly, a large select-free expression is split by XLA:CPU into
-    many loops that each write an array (docs/performance.md). A lax.cond whose two
-    branches are the same, on any data-dependent predicate, is a fence XLA neither fuses
-    nor shares across.
-    """
-    first = jax.tree.leaves(arrays)[0]
-    if split_sharding(first) is not None:
-        # split over mesh axes: no single element to probe (jax refuses the slice), and
-        # each device runs its own block anyway
-        return fn(*arrays)
-    return jax.lax.cond(jnp.isnan(first.reshape(-1)[0]), fn, fn, *arrays)
-
-
 def fenced(fn: Callable, shapes, *arrays):
     """``fn(*arrays)``, whose outputs are shaped as the pytree of ``jax.ShapeDtypeStruct``
     ``shapes``, formed in a computation of its own, compiled once, also under ``vmap``.
 
-    XLA:CPU fuses a long elementwise chain of cheap operations into every consumer, so a
-    consumer that reads each element several times (a product with each basis vector of an
-    outer jacrev) forms the chain once per read. A lax.cond is a fence XLA does not fuse
-    across; here its predicate always holds (``x * 0 + 1 != 0``, NaN and inf included, which
-    XLA cannot fold for floats), the other branch gives zeros of ``shapes`` (never taken;
-    given, so that ``fn`` is traced once), and the predicate is one for a whole ``vmap``
-    batch (`batch_all`), so that the cond stays a cond there. ``arrays[0]`` must be traced
-    (not a constant), or XLA folds the fence away.
+    Two uses, one reason: XLA:CPU splits a long select-free expression fed to a reduction
+    into many loops that each write an array, where terms written by one loop of their own
+    are summed by a plain reduction (docs/performance.md); and it fuses a long chain of
+    cheap operations into every consumer, so a consumer that reads each element several
+    times (a product with each basis vector of an outer jacrev) forms the chain once per
+    read. A lax.cond is a fence XLA neither fuses nor shares across; here its predicate
+    always holds (``x * 0 + 1 != 0``, NaN and inf included, which XLA cannot fold for
+    floats), the other branch gives zeros of ``shapes`` (never taken; given, so that ``fn``
+    is traced and compiled once), and the predicate is one for a whole ``vmap`` batch
+    (`batch_all`), so that the cond stays a cond there. ``arrays[0]`` must be traced (not a
+    constant), or XLA folds the fence away.
     """
     first = jax.tree.leaves(arrays)[0]
     if first.size == 0 or split_sharding(first) is not None:
-        return fn(*arrays)  # nothing to fence; or split over devices: see `written`
+        # nothing to fence; or split over mesh axes: no single element to probe (jax
+        # refuses the slice), and each device runs its own block anyway
+        return fn(*arrays)
     holds = batch_all(first.reshape(-1)[0] * 0 + 1 != 0)
     return jax.lax.cond(holds, fn, lambda *_: jax.tree.map(
         lambda s: jnp.zeros(s.shape, s.dtype), shapes), *arrays)

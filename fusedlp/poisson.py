@@ -143,9 +143,13 @@ def _fast(normalized, integer_k, k, param, log_form, want_partial, data_sum=None
             t = k * (param if log_form else jnp.log(rate)) - rate
         return jnp.broadcast_to(t + verdict, shape)
 
-    # Loader's form is summed from written terms (fusedlp._xla.written); the short propto
-    # expression reduces well directly.
-    value = jnp.sum(_xla.written(terms, k, param) if normalized else terms(k, param))
+    # Loader's form is summed from terms written by a loop of their own (fusedlp._xla.fenced);
+    # the short propto expression reduces well directly.
+    if normalized:
+        written = jax.ShapeDtypeStruct(shape, jnp.result_type(k, param))
+        value = jnp.sum(_xla.fenced(terms, written, k, param))
+    else:
+        value = jnp.sum(terms(k, param))
     if data_sum is not None:
         value = value - data_sum
     if not want_partial:
