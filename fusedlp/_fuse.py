@@ -242,9 +242,9 @@ _fused = functools.partial(jax.custom_vjp, nondiff_argnums=(0,))(_fused_value)
 def _written_value(spec: _Spec, flat, batched, shape, dtype) -> bool:
     """Whether the value (alone, no gradient) is summed from written terms (see _layout)."""
     n = math.prod(shape)
-    if spec.mode != "jvp" or n <= _xla.SMALL:
+    layout, limit = _layout(spec, flat, batched)
+    if spec.mode != "jvp" or n <= min(limit, _xla.SMALL):
         return False
-    layout = _layout(spec, flat, batched)[0]
     if layout == "exact":
         return jnp.dtype(dtype).itemsize < 8 or n > _xla.DIRECT_MAX
     return layout == "columns"
@@ -329,7 +329,9 @@ def _layout(spec: _Spec, flat, batched) -> tuple[str, int]:
     if spec.mode != "jvp":
         return "cond", _xla.SMALL
     if spec.layout is not None:
-        return spec.layout, _xla.SMALL
+        # a fast form's: it runs only where fast_or_exact found too many elements for the
+        # exact pass alone (in all, over a vmap batch of small problems), whatever n is here
+        return spec.layout, 0
     scalars = [jax.ShapeDtypeStruct((), a.dtype) for a in flat]
     try:
         prims = _batched_primitives(jax.make_jaxpr(spec.f)(*scalars).jaxpr, batched)
@@ -480,7 +482,8 @@ def _fused_fwd_plain(spec: _Spec, *args, force_exact: bool = False):
     #   arithmetic in the reduction itself (which runs on one core).
     # * "exact" (f with its own per-element selects): its selects would be written out ahead
     #   of any fast reduction; the single exact pass beat the conditional layouts at every N.
-    # Under vmap the predicates are batched and both branches run: correct, just slower.
+    # Under vmap each predicate is one for the whole batch (fusedlp._xla.batch_all): the
+    # fast branch where every member's value is finite, the exact one for all otherwise.
     arrays = [a.value for a in args]
     want = [a.perturbed and not nd for a, nd in zip(args, spec.nondiff)]
     dtype = arrays[0].dtype
@@ -543,14 +546,14 @@ def _fused_fwd_plain(spec: _Spec, *args, force_exact: bool = False):
         # per argument its partials, exact only if the value is not finite. Scalar
         # arguments' columns are summed outside, a plain reduction of a written array.
         value = _value(_mapped(spec, flat, batched, written=True)(*flat), dtype)
-        finite = jnp.isfinite(value)
+        finite = _xla.batch_all(jnp.isfinite(value))
         grads = []
         for i in idx:
             d = jax.lax.cond(finite, column(i, False), column(i, True), None)
             grads.append(d if batched[i] else _fold(d, arrays[i], False, shape))
     else:
         value = _value(fn(*flat), dtype)
-        grads = jax.lax.cond(jnp.isfinite(value), fast, exact, None)
+        grads = jax.lax.cond(_xla.batch_all(jnp.isfinite(value)), fast, exact, None)
     out = dict(zip(idx, grads))
     return value, tuple(out.get(i) for i in range(len(arrays)))
 

@@ -11,6 +11,7 @@ then a second, exact pass with selects runs (`fast_or_exact`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import jax
@@ -89,9 +90,27 @@ def fenced(fn: Callable, shapes, *arrays):
         # nothing to fence; or split over mesh axes: no single element to probe (jax
         # refuses the slice), and each device runs its own block anyway
         return fn(*arrays)
+    if any(_varying(a) for a in jax.tree.leaves(arrays)):
+        # in a shard_map: the zeros must vary over the mesh axes as fn's outputs do, which
+        # only fn's own types tell
+        shapes = jax.eval_shape(fn, *arrays)
     holds = batch_all(first.reshape(-1)[0] * 0 + 1 != 0)
-    return jax.lax.cond(holds, fn, lambda *_: jax.tree.map(
-        lambda s: jnp.zeros(s.shape, s.dtype), shapes), *arrays)
+    return jax.lax.cond(holds, fn, lambda *_: jax.tree.map(_zeros, shapes), *arrays)
+
+
+def _varying(x) -> frozenset:
+    """The shard_map mesh axes over which ``x`` (or a ShapeDtypeStruct) varies."""
+    if not isinstance(x, jax.ShapeDtypeStruct) and not hasattr(jax, "typeof"):
+        return frozenset()  # a jax before shard_map's varying types
+    kind = x if isinstance(x, jax.ShapeDtypeStruct) else jax.typeof(x)
+    manual = getattr(kind, "manual_axis_type", None)
+    return frozenset(getattr(manual, "varying", None) or getattr(kind, "vma", None) or ())
+
+
+def _zeros(s: jax.ShapeDtypeStruct) -> jax.Array:
+    z = jnp.zeros(s.shape, s.dtype)
+    axes = _varying(s)
+    return jax.lax.pcast(z, tuple(axes), to="varying") if axes else z
 
 
 @custom_batching.custom_vmap
@@ -121,26 +140,52 @@ def blockwise(fn: Callable, flat, batched):
     (docs/performance.md). Up to two blocks, and where the process has several devices,
     ``fn`` runs on the whole: the data may then be split over a mesh with Auto axes, which
     no trace-time type shows, and a block's slice of them would gather them.
+
+    Under ``vmap`` a batch of passes too short to split (problems of fewer than two blocks
+    each) is split by members instead: as many members per block as fill one, ``fn``
+    vmapped over each block (the batch size is known only there, so `_by_members` is
+    the batching rule of a `jax.custom_batching.custom_vmap`).
     """
     n = next(a.shape[0] for a, b in zip(flat, batched) if b)
-    m = n // BLOCK
-    if m < 2 or jax.device_count() > 1:
+    if jax.device_count() > 1:
         return fn(*flat)
+    if n // BLOCK >= 2:
+        return _in_blocks(fn, flat, batched, n, BLOCK)
 
-    def block(start, size):
-        return fn(*(jax.lax.dynamic_slice_in_dim(a, start, size) if b else a
-                    for a, b in zip(flat, batched)))
+    @custom_batching.custom_vmap
+    def whole(*a):
+        return fn(*a)
+
+    @whole.def_vmap
+    def _by_members(axis_size, in_batched, *a):
+        each = jax.vmap(fn, in_axes=[0 if b else None for b in in_batched])
+        per = max(1, BLOCK // n)  # members per block
+        out = (_in_blocks(each, a, in_batched, axis_size, per) if axis_size // per >= 2
+               else each(*a))
+        return out, jax.tree.map(lambda _: True, out)
+
+    return whole(*flat)
+
+
+def _in_blocks(fn: Callable, arrays, batched, n: int, size: int):
+    """`blockwise`'s loop: ``fn`` over slices of ``size`` along the leading axis of the
+    ``batched`` arrays (of length ``n``), its scalar outputs added up, the others joined."""
+    m = n // size
+
+    def block(start, length):
+        return fn(*(jax.lax.dynamic_slice_in_dim(a, start, length) if b else a
+                    for a, b in zip(arrays, batched)))
 
     def add(acc, out, start):
         return [jax.lax.dynamic_update_slice_in_dim(a, o, start, 0) if o.ndim else a + o
                 for a, o in zip(acc, jax.tree.leaves(out))]
 
-    leaves, tree = jax.tree.flatten(jax.eval_shape(lambda: block(0, BLOCK)))
+    leaves, tree = jax.tree.flatten(jax.eval_shape(lambda: block(0, size)))
     acc = [jnp.zeros((n, *x.shape[1:]) if x.ndim else (), x.dtype) for x in leaves]
-    acc = jax.lax.fori_loop(0, m, lambda j, acc: add(acc, block(j * BLOCK, BLOCK), j * BLOCK),
+    acc = jax.lax.fori_loop(0, m, lambda j, acc: add(acc, block(j * size, size), j * size),
                             acc)
-    if m * BLOCK < n:
-        acc = add(acc, block(m * BLOCK, n - m * BLOCK), m * BLOCK)
+    if m * size < n:
+        acc = add(acc, block(m * size, n - m * size), m * size)
     return jax.tree.unflatten(tree, acc)
 
 
@@ -150,9 +195,11 @@ def fast_or_exact(n: int, fast: Callable, exact: Callable, *arrays,
 
     ``fast`` is the select-free common path (a summed value and its partials): it must give
     a non-finite output whenever any element is an edge or outside the regime where it is
-    accurate. ``exact`` handles every input. Up to `SMALL` elements ``exact`` runs alone.
-    Under ``vmap`` the verdict is one for the whole batch (`batch_all`): one non-finite
-    member sends the batch to the exact pass, which is right for every member.
+    accurate. ``exact`` handles every input. Up to `SMALL` elements ``exact`` runs alone,
+    unless ``vmap`` makes a batch of such problems larger than that (the batching rule of a
+    `jax.custom_batching.custom_vmap`, where the batch size is known). Under ``vmap`` the
+    verdict is one for the whole batch (`batch_all`): one non-finite member sends the batch
+    to the exact pass, which is right for every member.
 
     The fast pass runs once, ahead of the cond that passes its result on. Differentiated
     (only second derivatives, `fusedlp.hessian`, differentiate a forward rule: the Poisson
@@ -167,17 +214,33 @@ def fast_or_exact(n: int, fast: Callable, exact: Callable, *arrays,
     program runs when the fast one fails (its temporaries block-sized). The derivatives
     stay those of ``exact`` itself.
     """
-    if n <= SMALL:
-        return exact(*arrays)
-
     def finite(out):
         total = jax.lax.stop_gradient(sum(jnp.sum(leaf) for leaf in jax.tree.leaves(out)))
         return batch_all(jnp.isfinite(total))
 
-    @jax.custom_jvp
-    def pick(*a):
+    def fast_then_exact(*a):
         out = fast(*a)
         return jax.lax.cond(finite(out), lambda: out, lambda: (exact_blocks or exact)(*a))
+
+    if n > SMALL:
+        chosen = fast_then_exact
+    else:
+        @custom_batching.custom_vmap
+        def chosen(*a):
+            return exact(*a)
+
+        @chosen.def_vmap
+        def _in_a_batch(axis_size, in_batched, *a):
+            # a batch of small problems is one large pass: the threshold counts all of it
+            total = n * axis_size
+            each = (functools.partial(fast_or_exact, total, fast, exact,
+                                      exact_blocks=exact_blocks) if total > SMALL else exact)
+            out = jax.vmap(each, in_axes=[0 if b else None for b in in_batched])(*a)
+            return out, jax.tree.map(lambda _: True, out)
+
+    @jax.custom_jvp
+    def pick(*a):
+        return chosen(*a)
 
     @pick.defjvp
     def _pick_jvp(primals, tangents):

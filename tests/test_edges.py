@@ -815,15 +815,26 @@ def test_empty_inputs_give_zero_whatever_the_parameters():
     assert g[0] == 0.0 and g[1].shape == (3, 0)
 
 
+@pytest.mark.parametrize("edge", [True, False], ids=["one_edge_member", "all_finite"])
+@pytest.mark.parametrize("batch", ["3x3000", "3x3000_member_blocks", "64x40"])
 @pytest.mark.parametrize("kernel", ["poisson_lpmf", "poisson_log_lpmf", "negative_binomial_lpmf",
                                     "student_t_lpdf", "gamma_lpdf", "binomial_logit_lpmf"])
-def test_vmapped_batch_with_one_edge_member_matches_each_member(kernel, rng):
+def test_vmapped_batch_with_one_edge_member_matches_each_member(kernel, batch, edge, rng,
+                                                                monkeypatch):
     """Under vmap one verdict serves the batch (fusedlp._xla): a member with an element off
     the support sends the whole batch to the exact pass. Each member's value and gradient
-    are still its own, as computed unbatched."""
-    b, n = 3, 3000  # above fusedlp._xla.SMALL per member
+    are still its own, as computed unbatched: for members above fusedlp._xla.SMALL; for
+    members below it, whose batch is above it, so that the fast form runs for the batch and
+    only the exact pass member by member; and with the exact pass over blocks of members
+    (a block smaller than a member)."""
+    from fusedlp import _xla
+
+    b, n = (64, 40) if batch == "64x40" else (3, 3000)
+    if batch.endswith("member_blocks"):
+        monkeypatch.setattr(_xla, "BLOCK", 1000)
     k = rng.poisson(3.0, (b, n)).astype(np.float64)
-    k[1, 5] = 2.5  # off the support: -inf, zero partial
+    if edge:
+        k[1, 5] = 2.5  # off the support: -inf, zero partial
     fn = getattr(fusedlp, kernel)
     call = {
         "poisson_lpmf": lambda p, k: fn(k, p),
@@ -840,4 +851,5 @@ def test_vmapped_batch_with_one_edge_member_matches_each_member(kernel, rng):
         np.testing.assert_allclose(values[i], v, rtol=1e-12)
         np.testing.assert_allclose(grads[i], g, rtol=1e-12, atol=1e-12)
     values = np.asarray(values)
-    assert values[1] == -np.inf and np.all(np.isfinite(values[[0, 2]]))
+    assert values[1] == -np.inf if edge else np.isfinite(values[1])
+    assert np.all(np.isfinite(values[[0, 2]]))
