@@ -111,6 +111,9 @@ def _fold_partial(d, kok, param_ok, k, shape, param_shape, integer_k, invalid=No
     return sum_to_shape(jnp.broadcast_to(d, shape), param_shape)
 
 
+# Jitted, as the exact passes are (see _poisson_exact_value): a fit traces and lowers it
+# once, not at each site (under vmap both passes are in the program: fusedlp._xla).
+@partial(jax.jit, static_argnums=(0, 1, 4, 5))
 def _fast(normalized, integer_k, k, param, log_form, want_partial, data_sum=None):
     """(value, partial or None) in one select-free pass (fusedlp._xla).
 
