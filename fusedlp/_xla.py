@@ -125,7 +125,8 @@ def batch_all(pred):
 @batch_all.def_vmap
 def _batch_all_batched(axis_size, in_batched, pred):
     del axis_size, in_batched
-    return jnp.all(pred), False
+    # again through batch_all: under a vmap of vmaps the outer batch reduces too
+    return batch_all(jnp.all(pred)), False
 
 
 def blockwise(fn: Callable, flat, batched):
