@@ -25,6 +25,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import custom_batching
 
 from fusedlp import _xla
 
@@ -218,12 +219,28 @@ def lookup(table: jax.Array, idx: jax.Array) -> jax.Array:
     table with sharded indices has no unambiguous output sharding and jax refuses to trace
     it; there the indices' sharding is named. Elsewhere (one device, Auto axes, one device's
     block in fuse's shard_map) the spec carries no mesh axis and this is the plain
-    ``jnp.take``.
+    ``jnp.take``. Under ``vmap`` only the whole batch's indices show the mesh axes, so the
+    choice is made again in the batching rule of a ``jax.custom_batching.custom_vmap``.
     """
     sharding = _xla.split_sharding(idx)
     if sharding is not None:
-        return table.at[idx].get(mode="promise_in_bounds", out_sharding=sharding)
+        return jnp.asarray(table).at[idx].get(mode="promise_in_bounds", out_sharding=sharding)
+    return _take(table, idx)
+
+
+@custom_batching.custom_vmap
+def _take(table, idx):
     return jnp.take(table, idx)
+
+
+@_take.def_vmap
+def _take_batched(axis_size, in_batched, table, idx):
+    table_batched, idx_batched = in_batched
+    if table_batched:
+        out = jax.vmap(jnp.take, in_axes=(0, 0 if idx_batched else None))(table, idx)
+    else:
+        out = lookup(table, idx)  # the batch axis leads (custom_vmap moves it there)
+    return out, True
 
 
 @jax.custom_jvp
