@@ -235,12 +235,12 @@ def _take(table, idx):
 
 @_take.def_vmap
 def _take_batched(axis_size, in_batched, table, idx):
-    table_batched, idx_batched = in_batched
-    if table_batched:
-        out = jax.vmap(jnp.take, in_axes=(0, 0 if idx_batched else None))(table, idx)
+    del axis_size
+    if in_batched[0]:  # a batch of tables
+        out = _xla.over_members(jnp.take, in_batched)(table, idx)
     else:
         out = lookup(table, idx)  # the batch axis leads (custom_vmap moves it there)
-    return out, True
+    return out, _xla.all_batched(out)
 
 
 @jax.custom_jvp

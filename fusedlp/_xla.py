@@ -129,6 +129,17 @@ def _batch_all_batched(axis_size, in_batched, pred):
     return batch_all(jnp.all(pred)), False
 
 
+
+def over_members(fn: Callable, in_batched) -> Callable:
+    """``fn`` vmapped over the members of a batch, as a custom_vmap rule receives them: the
+    arguments ``in_batched`` says are batched along their leading axis, the others shared."""
+    return jax.vmap(fn, in_axes=[0 if b else None for b in in_batched])
+
+
+def all_batched(out):
+    """A custom_vmap rule's ``out_batched`` for outputs batched along their leading axis."""
+    return jax.tree.map(lambda _: True, out)
+
 def blockwise(fn: Callable, flat, batched):
     """``fn(*flat)`` computed over blocks of `BLOCK` elements, in a loop.
 
@@ -159,11 +170,11 @@ def blockwise(fn: Callable, flat, batched):
 
     @whole.def_vmap
     def _by_members(axis_size, in_batched, *a):
-        each = jax.vmap(fn, in_axes=[0 if b else None for b in in_batched])
+        each = over_members(fn, in_batched)
         per = max(1, BLOCK // n)  # members per block
         out = (_in_blocks(each, a, in_batched, axis_size, per) if axis_size // per >= 2
                else each(*a))
-        return out, jax.tree.map(lambda _: True, out)
+        return out, all_batched(out)
 
     return whole(*flat)
 
@@ -236,8 +247,8 @@ def fast_or_exact(n: int, fast: Callable, exact: Callable, *arrays,
             total = n * axis_size
             each = (functools.partial(fast_or_exact, total, fast, exact,
                                       exact_blocks=exact_blocks) if total > SMALL else exact)
-            out = jax.vmap(each, in_axes=[0 if b else None for b in in_batched])(*a)
-            return out, jax.tree.map(lambda _: True, out)
+            out = over_members(each, in_batched)(*a)
+            return out, all_batched(out)
 
     @jax.custom_jvp
     def pick(*a):
