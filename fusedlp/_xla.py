@@ -129,7 +129,6 @@ def _batch_all_batched(axis_size, in_batched, pred):
     return batch_all(jnp.all(pred)), False
 
 
-
 def over_members(fn: Callable, in_batched) -> Callable:
     """``fn`` vmapped over the members of a batch, as a custom_vmap rule receives them: the
     arguments ``in_batched`` says are batched along their leading axis, the others shared."""
@@ -139,6 +138,7 @@ def over_members(fn: Callable, in_batched) -> Callable:
 def all_batched(out):
     """A custom_vmap rule's ``out_batched`` for outputs batched along their leading axis."""
     return jax.tree.map(lambda _: True, out)
+
 
 def blockwise(fn: Callable, flat, batched):
     """``fn(*flat)`` computed over blocks of `BLOCK` elements, in a loop.

@@ -816,21 +816,22 @@ def test_empty_inputs_give_zero_whatever_the_parameters():
 
 
 @pytest.mark.parametrize("edge", [True, False], ids=["one_edge_member", "all_finite"])
-@pytest.mark.parametrize("batch", ["3x3000", "3x3000_member_blocks", "64x40"])
+@pytest.mark.parametrize("batch", ["3x3000", "3x3000_blocks", "64x40", "64x40_member_blocks"])
 @pytest.mark.parametrize("kernel", ["poisson_lpmf", "poisson_log_lpmf", "negative_binomial_lpmf",
                                     "student_t_lpdf", "gamma_lpdf", "binomial_logit_lpmf"])
 def test_vmapped_batch_with_one_edge_member_matches_each_member(kernel, batch, edge, rng,
                                                                 monkeypatch):
     """Under vmap one verdict serves the batch (fusedlp._xla): a member with an element off
     the support sends the whole batch to the exact pass. Each member's value and gradient
-    are still its own, as computed unbatched: for members above fusedlp._xla.SMALL; for
-    members below it, whose batch is above it, so that the fast form runs for the batch and
-    only the exact pass member by member; and with the exact pass over blocks of members
-    (a block smaller than a member)."""
+    are still its own, as computed unbatched: for members above fusedlp._xla.SMALL, their
+    exact pass whole or (a block smaller than a member) in blocks of each member; for members
+    below it, whose batch is above it, so that the fast form runs for the batch and the
+    exact pass behind it over all members at once or (a block of 25 members) over blocks
+    of whole members and a remainder (fusedlp._xla.blockwise's batching rule)."""
     from fusedlp import _xla
 
-    b, n = (64, 40) if batch == "64x40" else (3, 3000)
-    if batch.endswith("member_blocks"):
+    b, n = (64, 40) if batch.startswith("64x40") else (3, 3000)
+    if batch.endswith("blocks"):
         monkeypatch.setattr(_xla, "BLOCK", 1000)
     k = rng.poisson(3.0, (b, n)).astype(np.float64)
     if edge:

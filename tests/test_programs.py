@@ -188,7 +188,6 @@ def test_vmapped_batch_of_small_problems_keeps_the_large_layout(name, members, r
     assert _temporaries(fn, np.full((total // members, members), 1.5), d, n=total) < 4.5
 
 
-
 @pytest.mark.parametrize("name", ["poisson_log", "negative_binomial", "gamma"])
 def test_nested_vmap_keeps_one_verdict_for_the_whole_batch(name, rng):
     """Under a vmap of vmaps the fast form's verdict is still one for the whole batch
