@@ -3,10 +3,11 @@
 Each workload is a job a user runs from start to finish (fit, then the inference that
 follows), timed as a whole against what the user would otherwise run, in one process:
 
-* **many GLMs** — B Poisson regressions of 500 observations x 4 coefficients, with standard
-  errors: ``jit(vmap(fit + standard_errors))`` against a Python loop over statsmodels' GLM
-  (IRLS) and over glum (timed on a subset of the fits and extrapolated per fit: its per-fit
-  overhead dominates, and the whole loop would take minutes);
+* **many GLMs** — B Poisson regressions of 500 observations x 4 coefficients, with their
+  inference tables: ``jit(vmap(fit + summary))`` against a Python loop over statsmodels' GLM
+  (IRLS, with standard errors) and over glum (timed on a subset of the fits and
+  extrapolated per fit: its per-fit overhead dominates, and the whole loop would take
+  minutes);
 * **one big GLM** — a Poisson regression of 200,000 x 20 with covariates spanning 1e-2 to
   1e3 in scale, + :func:`fusedlp.summary`: against statsmodels' GLM + standard errors and
   glum + its covariance matrix;
@@ -105,10 +106,10 @@ def many_glms(cfg: dict, log) -> dict:
 
     def one(X, k):
         res = fusedlp.fit(poisson_glm, init, X, k)
-        return res, fusedlp.standard_errors(poisson_glm, res.params, X, k)
+        return res, fusedlp.summary(poisson_glm, res, X, k, nobs=n)
 
     job, lower_s, compile_s = _timing.aot_compile(jax.vmap(one), X, ks)
-    res, se = job(X, ks)
+    res, s = job(X, ks)
     n_glum = cfg["glum_subset"]
 
     def statsmodels_loop():
@@ -136,11 +137,11 @@ def many_glms(cfg: dict, log) -> dict:
     warm = stats["fusedlp"].median
     log(f"  many GLMs: fusedlp {warm:.3f} s, statsmodels {stats['statsmodels'].median:.2f} s")
     return _row(
-        f"{B:,} Poisson GLMs x {n} obs x {p} coef + SEs", warm, lower_s + compile_s,
+        f"{B:,} Poisson GLMs x {n} obs x {p} coef + summary", warm, lower_s + compile_s,
         {"statsmodels": stats["statsmodels"].median, "glum (extrapolated)": glum_per_fit * B},
         {"converged": int(np.sum(np.asarray(res.converged))), "of": B,
          "params_max_rel_vs_statsmodels": _max_rel(res.params["beta"], ref_params),
-         "se_max_rel_vs_statsmodels": _max_rel(se["beta"], ref_bse),
+         "se_max_rel_vs_statsmodels": _max_rel(s.se["beta"], ref_bse),
          "glum_params_max_rel_vs_statsmodels": _max_rel(glum_params, ref_params[:n_glum]),
          "newton_steps_median": float(np.median(np.asarray(res.num_steps)))},
         {"glum_subset": n_glum, "timing": {k: v.as_dict() for k, v in stats.items()}})

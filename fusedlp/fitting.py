@@ -97,6 +97,9 @@ class FitResult(NamedTuple):
       history: shape ``(max_steps + 1,)``: ``history[0]`` is the objective at
         ``init_params``, ``history[i]`` after step ``i``; ``history[num_steps] == value``
         and the entries past ``num_steps`` are NaN.
+      hessian: with ``"newton"``, the objective's Hessian at ``params`` over all leaves
+        flattened together (``ravel_pytree`` order, unnegated), as the loop formed it for
+        its last verdict: :func:`fusedlp.summary` uses it. ``None`` for other optimizers.
     """
 
     params: PyTree
@@ -106,6 +109,7 @@ class FitResult(NamedTuple):
     converged: jax.Array
     status: jax.Array
     history: jax.Array
+    hessian: jax.Array | None = None
 
     def __repr__(self) -> str:
         if not _concrete(self):
@@ -121,8 +125,8 @@ class FitResult(NamedTuple):
 
     def to_dict(self) -> dict:
         """The result as NumPy: ``params`` (a pytree of arrays), the scalar fields as
-        arrays, and ``status`` as its :class:`FitStatus` name (an array of names if
-        batched). Concrete results only."""
+        arrays, ``status`` as its :class:`FitStatus` name (an array of names if
+        batched), ``history`` and ``hessian`` (None without one). Concrete results only."""
         if not _concrete(self):
             raise TypeError("FitResult.to_dict: the result is traced (inside jit or vmap)")
         s = np.asarray(self.status)
@@ -132,7 +136,8 @@ class FitResult(NamedTuple):
                 "num_steps": np.asarray(self.num_steps),
                 "converged": np.asarray(self.converged),
                 "status": names.item() if s.ndim == 0 else names,
-                "history": np.asarray(self.history)}
+                "history": np.asarray(self.history),
+                "hessian": None if self.hessian is None else np.asarray(self.hessian)}
 
     def to_frame(self):
         """The result as a pandas DataFrame, one row per fit (a ``vmap``-ed batch of fits
@@ -317,8 +322,10 @@ class _LoopState(NamedTuple):
     step: jax.Array  # steps taken (int32)
     history: jax.Array  # the objective after each step; NaN beyond `step`
     status: jax.Array  # _RUNNING or a FitStatus
-    previous: tuple  # (params, loss, grad_norm) before the last step: restored on divergence
+    previous: tuple  # (params, loss, grad_norm, hessian) before the last step: restored on
+    # divergence
     inner: PyTree  # optax: (its state, the gradient at params); Newton: (_Newton, first pass)
+    hessian: jax.Array | None  # Newton: the loss's Hessian at params (flat); optax: None
 
 
 def _grad_hessian(loss: Callable, flat: jax.Array):
@@ -417,12 +424,12 @@ class _Settings(NamedTuple):
     report: Callable  # report(step, loss, grad_norm, status)
 
 
-def _first_state(cfg: _Settings, params, loss, gnorm, inner) -> _LoopState:
+def _first_state(cfg: _Settings, params, loss, gnorm, inner, hessian=None) -> _LoopState:
     history = jnp.full((cfg.max_steps + 1,), jnp.nan, dtype=loss.dtype).at[0].set(
         cfg.sign * loss)
     return _LoopState(params=params, loss=loss, grad_norm=gnorm, step=jnp.zeros((), jnp.int32),
                       history=history, status=jnp.asarray(_RUNNING, jnp.int32),
-                      previous=(params, loss, gnorm), inner=inner)
+                      previous=(params, loss, gnorm, hessian), inner=inner, hessian=hessian)
 
 
 def _newton_loop(cfg: _Settings, params, rtol) -> _LoopState:
@@ -456,14 +463,16 @@ def _newton_loop(cfg: _Settings, params, rtol) -> _LoopState:
         return _LoopState(
             params=new_params, loss=new_loss, grad_norm=gnorm, step=step,
             history=s.history.at[step].set(cfg.sign * new_loss), status=status,
-            previous=(s.params, s.loss, s.grad_norm), inner=(newton, jnp.asarray(False)))
+            previous=(s.params, s.loss, s.grad_norm, s.hessian),
+            inner=(newton, jnp.asarray(False)), hessian=H)
 
     flat = ravel_pytree(params)[0]
     start = _Newton(direction=jnp.zeros_like(flat), decrement2=jnp.zeros((), flat.dtype))
     # value and gradient norm are formed by the first pass; here only their dtypes
     loss = jnp.full((), jnp.nan, jax.eval_shape(cfg.loss_fn, params).dtype)
     gnorm = jnp.full_like(optax.tree.norm(params), jnp.nan)
-    s = _first_state(cfg, params, loss, gnorm, (start, jnp.asarray(True)))
+    hessian = jnp.full((flat.size, flat.size), jnp.nan, flat.dtype)
+    s = _first_state(cfg, params, loss, gnorm, (start, jnp.asarray(True)), hessian)
     return jax.lax.while_loop(lambda s: s.status == _RUNNING, body, s)
 
 
@@ -504,7 +513,8 @@ def _optax_loop(cfg: _Settings, optimizer, params, rtol, atol) -> _LoopState:
         return _LoopState(
             params=new_params, loss=new_loss, grad_norm=gnorm, step=step,
             history=s.history.at[step].set(cfg.sign * new_loss), status=status,
-            previous=(s.params, s.loss, s.grad_norm), inner=(opt_state, grad))
+            previous=(s.params, s.loss, s.grad_norm, None), inner=(opt_state, grad),
+            hessian=None)
 
     gnorm = optax.tree.norm(grad)
     s = _first_state(cfg, params, loss0, gnorm, (opt_state, grad))
@@ -550,7 +560,8 @@ def _fit_loop(objective, optimizer, maximize, max_steps, every, params, data, rt
     # A diverging step was computed and carried like any other: restore the last finite
     # iterate, which rode along (at step 0 there is none).
     back = (s.status == FitStatus.DIVERGED) & (s.step > 0)
-    params, loss, gnorm = _select(back, s.previous, (s.params, s.loss, s.grad_norm))
+    params, loss, gnorm, hessian = _select(back, s.previous,
+                                           (s.params, s.loss, s.grad_norm, s.hessian))
     step = s.step - back.astype(s.step.dtype)
     history = jnp.where(jnp.arange(max_steps + 1) <= step, s.history, jnp.nan)
     if every:
@@ -563,6 +574,7 @@ def _fit_loop(objective, optimizer, maximize, max_steps, every, params, data, rt
         converged=s.status == FitStatus.CONVERGED,
         status=s.status,
         history=history,
+        hessian=None if hessian is None else cfg.sign * hessian,
     )
 
 
@@ -878,8 +890,14 @@ def _covariance(objective, maximize, params, data):
     flat, unravel = ravel_pytree(params)
     sign = 1.0 if maximize else -1.0
     loglik, _, H = _value_grad_hessian(lambda v: sign * objective(unravel(v), *data), flat)
+    return _inverse_information(loglik, H)
+
+
+@jax.jit
+def _inverse_information(loglik, H):
+    """`_covariance` given the log-likelihood and its Hessian."""
     chol = jnp.linalg.cholesky(-H)  # -H: the observed information; NaN if not pos. def.
     finite = jnp.isfinite(loglik)
     pos_def = jnp.all(jnp.isfinite(chol))
-    cov = jax.scipy.linalg.cho_solve((chol, True), jnp.eye(flat.shape[0], dtype=chol.dtype))
+    cov = jax.scipy.linalg.cho_solve((chol, True), jnp.eye(H.shape[0], dtype=chol.dtype))
     return loglik, jnp.where(finite & pos_def, cov, jnp.nan), finite, pos_def

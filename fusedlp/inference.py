@@ -13,7 +13,14 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 from jax.scipy.special import erfc, ndtri
 
-from fusedlp.fitting import FitResult, _as_float_params, _concrete, _covariance, _warn_if_unusable
+from fusedlp.fitting import (
+    FitResult,
+    _as_float_params,
+    _concrete,
+    _covariance,
+    _inverse_information,
+    _warn_if_unusable,
+)
 
 __all__ = ("FitSummary", "summary")
 
@@ -150,7 +157,10 @@ def summary(
     Args:
       objective: the log-likelihood that was maximised, ``objective(params, *data)`` (with
         ``maximize=False``: the negative log-likelihood that was minimised).
-      result: a :class:`FitResult` (its ``params`` are used) or a parameter pytree.
+      result: a :class:`FitResult` or a parameter pytree. A Newton fit's result carries
+        the Hessian the fit formed at its ``params`` (``result.hessian``), and its
+        ``value``: both are used as they are, so ``objective`` and ``data`` must be the
+        fit's. Pass ``result.params`` to evaluate them again (other data, or to check).
       *data: the remaining arguments of ``objective``.
       nobs: the number of observations, for BIC (NaN without it).
       alpha: the intervals cover ``1 - alpha``.
@@ -174,7 +184,13 @@ def summary(
     params = _as_float_params(params)
     if not 0.0 < float(alpha) < 1.0 if not isinstance(alpha, jax.core.Tracer) else False:
         raise ValueError(f"summary: alpha must be in (0, 1), got {alpha!r}")
-    loglik, cov, finite, pos_def = _covariance(objective, bool(maximize), params, tuple(data))
+    if isinstance(result, FitResult) and result.hessian is not None:
+        sign = 1.0 if maximize else -1.0  # the fit's own value and curvature at its params
+        loglik, cov, finite, pos_def = _inverse_information(sign * result.value,
+                                                            sign * result.hessian)
+    else:
+        loglik, cov, finite, pos_def = _covariance(objective, bool(maximize), params,
+                                                   tuple(data))
     _warn_if_unusable("summary", finite, pos_def)
     flat, unravel = ravel_pytree(params)
     se = jnp.sqrt(jnp.diagonal(cov)).astype(flat.dtype)

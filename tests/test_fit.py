@@ -166,6 +166,21 @@ def test_divergent_learning_rate_ends_diverged_with_finite_params(rng):
     assert np.all(np.isnan(res.history[steps + 1:]))
 
 
+def test_newton_divergence_restores_the_last_iterate_with_its_hessian():
+    """Newton's first step lands near mu = 3, where the value is finite but the gradient
+    is NaN (above 2.5, sqrt's infinite slope at 0 times maximum's zero one): the step is
+    rejected, and params, value and the Hessian that ride in the result are all those of
+    the start."""
+
+    def loglik(p):
+        return -((p["mu"] - 3.0) ** 2) + 1e-300 * jnp.sqrt(jnp.maximum(2.5 - p["mu"], 0.0))
+
+    res = fusedlp.fit(loglik, {"mu": 0.0})
+    assert int(res.status) == FitStatus.DIVERGED and int(res.num_steps) == 0
+    assert float(res.params["mu"]) == 0.0 and float(res.value) == float(loglik(res.params))
+    np.testing.assert_allclose(res.hessian, [[-2.0]], rtol=1e-12)
+
+
 def test_non_finite_start_raises_naming_the_cause_and_is_diverged_when_traced(rng):
     y = rng.normal(size=N)
     with pytest.raises(ValueError, match=r"not finite at init_params.*outside the parameters"):

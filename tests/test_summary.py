@@ -159,6 +159,46 @@ def test_table_rows_are_named_from_pytree_paths_and_frame_matches():
     assert np.isnan(no_nobs.bic) and "BIC: —" in str(no_nobs)
 
 
+def test_a_newton_result_carries_its_hessian_and_summary_uses_it(rng):
+    """A Newton fit's result holds the Hessian its last verdict was formed from; summary
+    takes it and the fit's value instead of tracing the objective again, and gives the
+    table that forming both again from ``result.params`` gives."""
+    y = rng.normal(1.0, 2.0, size=40)
+    init = {"mu": 0.0, "log_sigma": 0.0}
+    res = fusedlp.fit(normal_model, init, y)
+    flat, unravel = jax.flatten_util.ravel_pytree(res.params)
+    want = fusedlp.hessian(lambda v: normal_model(unravel(v), y))(flat)
+    np.testing.assert_allclose(res.hessian, want, rtol=1e-12)
+
+    traces = []
+
+    def counted(p, y):
+        traces.append(1)
+        return normal_model(p, y)
+
+    from_fit = fusedlp.summary(counted, res, y, nobs=40)
+    assert not traces  # the objective was not evaluated
+    again = fusedlp.summary(counted, res.params, y, nobs=40)
+    assert traces
+    for got, exp in zip(jax.tree.leaves(from_fit), jax.tree.leaves(again)):
+        np.testing.assert_allclose(got, exp, rtol=1e-12)
+
+    # minimised: the result's Hessian is the objective's own (unnegated)
+    def negated(p, y):
+        return -normal_model(p, y)
+
+    low = fusedlp.fit(negated, init, y, maximize=False)
+    np.testing.assert_allclose(low.hessian, -want, rtol=1e-8)
+    s = fusedlp.summary(negated, low, y, nobs=40, maximize=False)
+    for got, exp in zip(jax.tree.leaves(s), jax.tree.leaves(again)):
+        np.testing.assert_allclose(got, exp, rtol=1e-6)
+    # gradient methods carry none: summary forms it
+    lbfgs = fusedlp.fit(normal_model, init, y, optimizer="lbfgs")
+    assert lbfgs.hessian is None and lbfgs.to_dict()["hessian"] is None
+    s = fusedlp.summary(normal_model, lbfgs, y, nobs=40)
+    np.testing.assert_allclose(s.se["mu"], again.se["mu"], rtol=1e-5)
+
+
 def test_summary_under_jit_and_vmap_equals_single_summaries(rng):
     ys = rng.normal(rng.uniform(-1, 1, size=(4, 1)), 2.0, size=(4, 40))
     init = {"mu": 0.0, "log_sigma": 0.0}
