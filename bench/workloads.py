@@ -459,7 +459,7 @@ def run(quick: bool, skip_nuts: bool = False, log=None) -> dict:
     log = log or functools.partial(print, file=sys.stderr, flush=True)
     jax.config.update("jax_enable_x64", True)
     jax.config.update("jax_cpu_enable_async_dispatch", False)
-    cfg = {"quick": quick, "repeats": 1 if quick else 5, "max_total": 1.0 if quick else 20.0,
+    cfg = {"quick": quick, "repeats": 1 if quick else 9, "max_total": 1.0 if quick else 30.0,
            "many_B": 100 if quick else 2000, "glum_subset": 10 if quick else 100,
            "big_n": 20_000 if quick else 200_000, "nuts_n": 2_000 if quick else 100_000,
            "nuts_warmup": 50 if quick else 300, "nuts_samples": 50 if quick else 300}
