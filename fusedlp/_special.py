@@ -173,12 +173,18 @@ def bd0(x, m, diff=None, log_m=None):
     return jnp.where(near, series, far)
 
 
-def bd0_fast(x, m, diff=None):
+def bd0_fast(x, m, diff=None, log_ratio=None):
     """`bd0` for x > 0 without a select (see fusedlp._xla): the series and the direct form,
     both computed, blended by an exact 0/1 mask. The series is finite for every
     |v| <= 1, and the direct form for every x, m > 0 whose ratio neither over- nor
     underflows; where it does, the result is not finite (inf or NaN), and the caller's
     exact pass takes over.
+
+    ``log_ratio``, if given, is log(x/m) as ``log(x) - log_m`` for a caller that holds
+    log_m = log(m) (the log-rate form): one log, where log(x / m) costs a division and, as
+    XLA rewrites x / exp(eta), a second exp. It serves the direct form only, where
+    |x - m| >= (x + m) / 10: there its rounding, eps |log x|, is within the conditioning
+    of the answer in log_m (x |log_m| eps, with log_m close to log x or the term large).
     """
     d = x - m if diff is None else diff
     v = ratio(d, x + m)
@@ -187,7 +193,7 @@ def bd0_fast(x, m, diff=None):
     coeffs = tuple(1.0 / (2 * j + 1) for j in range(1, terms + 1))
     series = d * v + 2.0 * x * v * w * _horner(coeffs, w)
     far = _xla.step(jnp.abs(v) - _BD0_SERIES_BELOW)
-    direct = x * jnp.log(ratio(x, m)) - d
+    direct = x * (jnp.log(ratio(x, m)) if log_ratio is None else log_ratio) - d
     return far * direct + (1.0 - far) * series
 
 

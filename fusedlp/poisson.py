@@ -120,7 +120,8 @@ def _fast(normalized, integer_k, k, param, log_form, want_partial, data_sum=None
     The value is Loader's form for k >= 1 and -lam at k = 0, blended by an exact mask, or
     k log(lam) - lam; the partial is k/lam - 1 or k - lam. Not finite wherever an element
     is an edge (k off the support, an invalid or zero rate, a rate or ratio that over- or
-    underflows): there `_fast_or_exact` runs the exact pass instead. ``data_sum``, if
+    underflows; in the log-rate form bd0's log(k / lam) is log k - eta, which does not):
+    there `_fast_or_exact` runs the exact pass instead. ``data_sum``, if
     given, is `_data_sum` of counts known to lie on the support: their part of Loader's
     form and their checks are not computed again.
     """
@@ -138,7 +139,8 @@ def _fast(normalized, integer_k, k, param, log_form, want_partial, data_sum=None
         if normalized:
             kp = jnp.maximum(k, 1.0)
             positive = jnp.minimum(k, 1.0)  # 1 for a count k >= 1, 0 at k = 0
-            t = _special.bd0_fast(kp, rate)
+            t = _special.bd0_fast(kp, rate,
+                                  log_ratio=jnp.log(kp) - param if log_form else None)
             if data_sum is None:
                 t = _special.log_factorial_rest(kp, _special.stirlerr_int_fast) + t
             t = -positive * t - (1.0 - positive) * rate
