@@ -146,13 +146,25 @@ def _fast(normalized, integer_k, k, param, log_form, want_partial, data_sum=None
             t = -positive * t - (1.0 - positive) * rate
         else:
             t = k * (param if log_form else jnp.log(rate)) - rate
-        return jnp.broadcast_to(t + verdict, shape)
+        return jnp.broadcast_to(t + verdict, jnp.broadcast_shapes(k.shape, param.shape))
 
-    # Loader's form is summed from terms written by a loop of their own (fusedlp._xla.fenced);
-    # the short propto expression reduces well directly.
-    if normalized:
-        written = jax.ShapeDtypeStruct(shape, jnp.result_type(k, param))
-        value = jnp.sum(_xla.fenced(terms, written, k, param))
+    def written_sum(k, param):
+        written = jax.ShapeDtypeStruct(jnp.broadcast_shapes(k.shape, param.shape),
+                                       jnp.result_type(k, param))
+        return jnp.sum(_xla.fenced(terms, written, k, param))
+
+    # Loader's form is summed from terms written by a loop of their own (fusedlp._xla.fenced),
+    # from two blocks of elements up over blocks (where each argument is a scalar or holds
+    # every element): the arrays XLA:CPU writes inside that loop then stay block-sized. A
+    # vmap batch of smaller problems stays whole (blocks of members cost compile time in a
+    # fit and gained nothing there). The short propto expression reduces well directly.
+    n = math.prod(shape)
+    if normalized and n // _xla.BLOCK >= 2 and all(a.size in (1, n) for a in (k, param)):
+        batched = [a.size != 1 for a in (k, param)]
+        flat = [a.reshape(-1) if b else a.reshape(()) for a, b in zip((k, param), batched)]
+        value = _xla.blockwise(lambda k, p: (written_sum(k, p),), flat, batched)[0]
+    elif normalized:
+        value = written_sum(k, param)
     else:
         value = jnp.sum(terms(k, param))
     if data_sum is not None:
