@@ -322,8 +322,7 @@ class _LoopState(NamedTuple):
     step: jax.Array  # steps taken (int32)
     history: jax.Array  # the objective after each step; NaN beyond `step`
     status: jax.Array  # _RUNNING or a FitStatus
-    previous: tuple  # (params, loss, grad_norm, hessian) before the last step: restored on
-    # divergence
+    previous: tuple  # (params, loss, grad_norm, hessian) before the last step (divergence)
     inner: PyTree  # optax: (its state, the gradient at params); Newton: (_Newton, first pass)
     hessian: jax.Array | None  # Newton: the loss's Hessian at params (flat); optax: None
 

@@ -154,14 +154,14 @@ def _fast(normalized, integer_k, k, param, log_form, want_partial, data_sum=None
         return jnp.sum(_xla.fenced(terms, written, k, param))
 
     # Loader's form is summed from terms written by a loop of their own (fusedlp._xla.fenced),
-    # from two blocks of elements up over blocks (where each argument is a scalar or holds
-    # every element): the arrays XLA:CPU writes inside that loop then stay block-sized. A
-    # vmap batch of smaller problems stays whole (blocks of members cost compile time in a
-    # fit and gained nothing there). The short propto expression reduces well directly.
+    # over blocks of elements (fusedlp._xla.blockwise) from two blocks up, where each
+    # argument is a scalar or holds every element: the arrays XLA:CPU writes inside that
+    # loop then stay block-sized. A vmap batch of smaller problems stays whole (blocks of
+    # members cost compile time in a fit and gained nothing there). The short propto
+    # expression reduces well directly.
     n = math.prod(shape)
     if normalized and n // _xla.BLOCK >= 2 and all(a.size in (1, n) for a in (k, param)):
-        batched = [a.size != 1 for a in (k, param)]
-        flat = [a.reshape(-1) if b else a.reshape(()) for a, b in zip((k, param), batched)]
+        batched, flat = _flattened(k, param)
         value = _xla.blockwise(lambda k, p: (written_sum(k, p),), flat, batched)[0]
     elif normalized:
         value = written_sum(k, param)
@@ -201,6 +201,13 @@ def _fast_linear(integer_k, k, param, log_form, want_partial):
     return value, (s - n * rate if log_form else s / rate - n).reshape(shape)
 
 
+def _flattened(k, param):
+    """``(batched, flat)`` for `fusedlp._xla.blockwise`: each of k and the parameter as a
+    vector of every element, or a scalar shared by all."""
+    batched = [a.size != 1 for a in (k, param)]
+    return batched, [a.reshape(-1) if b else a.reshape(()) for a, b in zip((k, param), batched)]
+
+
 def _fast_or_exact(k, param, fast, exact):
     """`fusedlp._xla.fast_or_exact` of ``fast(k, param)`` and ``exact(k, param)``, the exact
     pass over blocks of elements (`fusedlp._xla.blockwise`) where each argument is a scalar
@@ -208,8 +215,7 @@ def _fast_or_exact(k, param, fast, exact):
     n = math.prod(jnp.broadcast_shapes(k.shape, param.shape))
 
     def blocks(k, param):
-        batched = [a.size != 1 for a in (k, param)]
-        flat = [a.reshape(-1) if b else a.reshape(()) for a, b in zip((k, param), batched)]
+        batched, flat = _flattened(k, param)
         value, d = _xla.blockwise(exact, flat, batched)
         return value, None if d is None else d.reshape(param.shape)
 
