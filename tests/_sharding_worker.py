@@ -299,7 +299,6 @@ def check_eager_fuse_kernels_on_sharded_data(mesh):
     return ", ".join(calls)
 
 
-
 def check_vmapped_members_on_explicit_mesh(mesh):
     """A vmapped batch of problems whose members are split over an Explicit mesh: the
     kernels that look up log k! in a table (the Poisson kernels' and the negative
@@ -323,6 +322,7 @@ def check_vmapped_members_on_explicit_mesh(mesh):
             np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-12,
                                        err_msg=name)
     return ", ".join(calls)
+
 
 def check_detector_catches_gather(mesh):
     """Mutation check of the HLO test: a kernel fed a gathered (replicated) copy must fail."""

@@ -222,6 +222,7 @@ def test_nested_vmap_keeps_one_verdict_for_the_whole_batch(name, rng):
     assert flat.count("cond[") > 0
     assert nested.count("cond[") == flat.count("cond[")
 
+
 # fuse's second-order rule (fusedlp._fuse._second_order_jvp) forms each element's second
 # partials once, behind a fence (fusedlp._xla.fenced); an outer jacrev then multiplies them
 # by each basis vector. Without the fence XLA fuses the whole chain of f into that product
