@@ -159,9 +159,9 @@ def _fast(normalized, integer_k, k, param, log_form, want_partial, data_sum=None
     # loop then stay block-sized. A vmap batch of smaller problems stays whole (blocks of
     # members cost compile time in a fit and gained nothing there). The short propto
     # expression reduces well directly.
-    n = math.prod(shape)
-    if normalized and n // _xla.BLOCK >= 2 and all(a.size in (1, n) for a in (k, param)):
-        batched, flat = _flattened(k, param)
+    split = _flattened(k, param) if math.prod(shape) // _xla.BLOCK >= 2 else None
+    if normalized and split is not None:
+        batched, flat = split
         value = _xla.blockwise(lambda k, p: (written_sum(k, p),), flat, batched)[0]
     elif normalized:
         value = written_sum(k, param)
@@ -202,8 +202,12 @@ def _fast_linear(integer_k, k, param, log_form, want_partial):
 
 
 def _flattened(k, param):
-    """``(batched, flat)`` for `fusedlp._xla.blockwise`: each of k and the parameter as a
-    vector of every element, or a scalar shared by all."""
+    """``(batched, flat)`` for `fusedlp._xla.blockwise` where each of k and the parameter is
+    a scalar or holds every element (of more than one): each as a vector of every element,
+    or a scalar shared by all. None for other shapes (k (3, 1) against a (1, 4) parameter)."""
+    n = math.prod(jnp.broadcast_shapes(k.shape, param.shape))
+    if n <= 1 or any(a.size not in (1, n) for a in (k, param)):
+        return None
     batched = [a.size != 1 for a in (k, param)]
     return batched, [a.reshape(-1) if b else a.reshape(()) for a, b in zip((k, param), batched)]
 
@@ -219,9 +223,8 @@ def _fast_or_exact(k, param, fast, exact):
         value, d = _xla.blockwise(exact, flat, batched)
         return value, None if d is None else d.reshape(param.shape)
 
-    flattens = n > 1 and all(a.size in (1, n) for a in (k, param))
     return _xla.fast_or_exact(n, fast, exact, k, param,
-                              exact_blocks=blocks if flattens else None)
+                              exact_blocks=None if _flattened(k, param) is None else blocks)
 
 
 def _bwd(*args):
