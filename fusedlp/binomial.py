@@ -163,7 +163,8 @@ def bernoulli_logit_lpmf(
     with :func:`fusedlp.fuse`.
 
     Args:
-      y: outcomes in {0, 1} (integer, boolean-valued float); data, zero gradient.
+      y: outcomes in {0, 1} (boolean, integer, or a float holding 0 or 1); data, zero
+        gradient.
       logit: :math:`\eta`, finite.
       validate_args: check concrete inputs and raise ``ValueError`` naming the argument and
         the first offending index (default: the global setting).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -132,6 +133,27 @@ DTYPE_ERRORS = [
 def test_non_real_dtypes_raise_type_error_naming_argument(call, name, kind):
     with pytest.raises(TypeError, match=f"`{name}`"):
         call(BAD_DTYPES[kind])
+
+
+@pytest.mark.parametrize("as_y", [lambda y: y, list, lambda y: jnp.asarray(y)],
+                         ids=["numpy", "list", "jax"])
+def test_bernoulli_takes_boolean_outcomes_as_zero_and_one(as_y):
+    y = np.array([True, False, True, True])
+    eta = jnp.array([0.3, -1.0, 2.0, -0.5])
+    want = jax.value_and_grad(fusedlp.bernoulli_logit_lpmf, argnums=1)(y.astype(np.int32), eta)
+    kernel = functools.partial(fusedlp.bernoulli_logit_lpmf, validate_args=True)
+    for got in (jax.value_and_grad(kernel, argnums=1)(as_y(y), eta),
+                jax.jit(jax.value_and_grad(fusedlp.bernoulli_logit_lpmf, argnums=1))(
+                    jnp.asarray(y), eta)):
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-12)
+        np.testing.assert_allclose(got[1], want[1], rtol=1e-12)
+    np.testing.assert_allclose(fusedlp.pointwise(fusedlp.bernoulli_logit_lpmf, y, eta),
+                               fusedlp.pointwise(fusedlp.bernoulli_logit_lpmf, y * 1, eta))
+    # a boolean logit, or boolean counts elsewhere, are still errors naming the argument
+    with pytest.raises(TypeError, match="`logit`"):
+        fusedlp.bernoulli_logit_lpmf(y, y)
+    with pytest.raises(TypeError, match="`k`"):
+        fusedlp.binomial_logit_lpmf(y, 1, 0.0)
 
 
 @pytest.mark.parametrize("kind", list(BAD_DTYPES))
