@@ -144,10 +144,11 @@ class FitResult(NamedTuple):
         gives one row per member, indexed by its position in the batch): a column per
         scalar parameter, named as :func:`fusedlp.summary` names them (``beta[0]``), then
         ``value``, ``grad_norm``, ``num_steps``, ``converged`` and ``status`` (by name).
-        ``history`` is left out (``to_dict`` has it). Concrete results only; needs pandas."""
-        import pandas as pd
+        ``history`` is left out (``to_dict`` has it). Concrete results only; needs pandas
+        (the ``frames`` extra)."""
+        from fusedlp.inference import pandas, parameter_names
 
-        from fusedlp.inference import parameter_names
+        pd = pandas("FitResult.to_frame")
 
         d = self.to_dict()
         batch = np.shape(d["value"])

@@ -55,6 +55,16 @@ def parameter_names(params: PyTree) -> list[str]:
     return names
 
 
+def pandas(what: str):
+    """The pandas module, for ``what`` (a ``to_frame``); an ImportError that says how to get
+    it where it is missing (it is an optional dependency: the ``frames`` extra)."""
+    try:
+        import pandas as pd
+    except ImportError:
+        raise ImportError(f"{what} needs pandas (pip install 'fusedlp[frames]')") from None
+    return pd
+
+
 class FitSummary(NamedTuple):
     """What :func:`summary` returns: a pytree (it passes through ``jit`` and ``vmap``); its
     ``str`` is a statsmodels-like table.
@@ -96,9 +106,9 @@ class FitSummary(NamedTuple):
         return out
 
     def to_frame(self):
-        """The per-parameter columns as a pandas DataFrame indexed by parameter name."""
-        import pandas as pd
-
+        """The per-parameter columns as a pandas DataFrame indexed by parameter name (needs
+        pandas: the ``frames`` extra)."""
+        pd = pandas("FitSummary.to_frame")
         d = self.to_dict()
         return pd.DataFrame({k: d[k] for k in _COLUMNS}, index=pd.Index(d["name"], name="name"))
 

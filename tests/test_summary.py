@@ -8,6 +8,7 @@ to 1e-6, standard errors to 1e-4, and z, p-values, intervals, log-likelihood, AI
 from __future__ import annotations
 
 import functools
+import sys
 import warnings
 
 import jax
@@ -157,6 +158,21 @@ def test_table_rows_are_named_from_pytree_paths_and_frame_matches():
                                    fusedlp.standard_errors(loglik, res.params, y))[0])
     no_nobs = fusedlp.summary(loglik, res, y)
     assert np.isnan(no_nobs.bic) and "BIC: —" in str(no_nobs)
+
+
+def test_to_frame_without_pandas_says_how_to_get_it(monkeypatch):
+    """pandas is optional (the ``frames`` extra): both to_frame methods say so by name."""
+    y = jnp.array([1.0, 2.0, 4.0])
+
+    def loglik(p, y):
+        return fusedlp.normal_lpdf(y, p["mu"], 1.0)
+
+    res = fusedlp.fit(loglik, {"mu": 0.0}, y)
+    s = fusedlp.summary(loglik, res, y)
+    monkeypatch.setitem(sys.modules, "pandas", None)  # import pandas then raises
+    for obj, name in ((res, "FitResult"), (s, "FitSummary")):
+        with pytest.raises(ImportError, match=rf"{name}.to_frame needs pandas .*frames"):
+            obj.to_frame()
 
 
 def test_a_newton_result_carries_its_hessian_and_summary_uses_it(rng):
