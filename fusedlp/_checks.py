@@ -92,7 +92,8 @@ def broadcast_shape(fn: str, **arrays: jax.Array) -> tuple[int, ...]:
 
 
 def is_concrete(*arrays: ArrayLike) -> bool:
-    return not any(isinstance(a, jax.core.Tracer) for a in arrays)
+    """Whether the values are known now: no tracer, also inside a list or tuple of them."""
+    return not any(isinstance(a, jax.core.Tracer) for a in jax.tree.leaves(arrays))
 
 
 def validate(fn: str, name: str, value: ArrayLike, bad, what: str) -> None:

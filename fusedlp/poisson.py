@@ -400,7 +400,7 @@ def _data_sum(normalized, k, dtype, shape):
     every call; each count counted as often as broadcasting against the parameter repeats
     it. None for traced counts, for ``normalized=False``, and when a count is off the
     support (the general path gives -inf there)."""
-    if not normalized or isinstance(k, jax.core.Tracer):
+    if not normalized or not _checks.is_concrete(k):
         return None
     with jax.ensure_compile_time_eval():
         k = jnp.asarray(k).astype(dtype)

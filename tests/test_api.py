@@ -135,6 +135,28 @@ def test_non_real_dtypes_raise_type_error_naming_argument(call, name, kind):
         call(BAD_DTYPES[kind])
 
 
+@pytest.mark.parametrize("name", ["poisson_lpmf", "poisson_log_lpmf", "negative_binomial_lpmf",
+                                  "binomial_logit_lpmf"])
+def test_data_given_as_a_tuple_of_traced_arrays(name):
+    """Counts as a tuple of traced arrays (one array when converted) are traced data: no
+    data-only sum is formed from them at trace time. 2 x 1,500 elements: above the size
+    from which the kernels form such sums for concrete data."""
+    rng = np.random.default_rng(0)
+    k = rng.poisson(3.0, (2, 1500)).astype(np.float64)
+    p = jnp.asarray(rng.uniform(0.5, 2.0, (2, 1500)))
+    extra = {"negative_binomial_lpmf": (2.0,)}.get(name, ())
+    n = (np.full((2, 1500), 20.0),) if name == "binomial_logit_lpmf" else ()
+    kernel = getattr(fusedlp, name)
+
+    def tupled(a, b, p):
+        return kernel((a, b), *n, p, *extra)
+
+    got = jax.jit(jax.value_and_grad(tupled, argnums=2))(k[0], k[1], p)
+    want = jax.value_and_grad(lambda p: kernel(k, *n, p, *extra))(p)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-12)
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-12)
+
+
 @pytest.mark.parametrize("as_y", [lambda y: y, list, lambda y: jnp.asarray(y)],
                          ids=["numpy", "list", "jax"])
 def test_bernoulli_takes_boolean_outcomes_as_zero_and_one(as_y):
