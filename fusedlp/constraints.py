@@ -76,10 +76,15 @@ def validate(fn: str, name: str, value, constraint: Constraint) -> None:
 
 
 def _is_bool(value) -> bool:
-    try:
-        return jnp.asarray(value).dtype == jnp.bool_
-    except (TypeError, ValueError):  # not an array: the kernel's own check names it
-        return False
+    """Whether ``value`` holds booleans, from its dtype (no copy of an array); a list or a
+    Python scalar is looked at on the host."""
+    dtype = getattr(value, "dtype", None)
+    if dtype is None:
+        try:
+            dtype = np.asarray(value).dtype
+        except (TypeError, ValueError):  # tracers in a list, or not numeric: the kernel's
+            return False  # own conversion names the argument
+    return dtype == np.bool_
 
 
 def declare(*, support: Mapping[str, Constraint], params: Mapping[str, Constraint],
@@ -103,6 +108,9 @@ def declare(*, support: Mapping[str, Constraint], params: Mapping[str, Constrain
 
         @functools.wraps(kernel)
         def checked(*args, **kwargs):
+            validating = _checks.want_validation(kwargs.get("validate_args"))
+            if not (validating or takes_bool):
+                return kernel(*args, **kwargs)
             try:
                 bound = sig.bind(*args, **kwargs)
             except TypeError:  # the call's own error, which names the kernel
@@ -111,7 +119,7 @@ def declare(*, support: Mapping[str, Constraint], params: Mapping[str, Constrain
                 if n in bound.arguments and _is_bool(bound.arguments[n]):
                     bound.arguments[n] = jnp.asarray(bound.arguments[n], jnp.int32)
             args, kwargs = bound.args, bound.kwargs
-            if _checks.want_validation(kwargs.get("validate_args")):
+            if validating:
                 bound.apply_defaults()
                 arrays = {n: _checks.as_real_array(fn, n, bound.arguments[n]) for n in names}
                 _checks.broadcast_shape(fn, **arrays)
