@@ -536,6 +536,14 @@ def _fused_fwd_plain(spec: _Spec, *args, force_exact: bool = False):
             return _fold(d, arrays[i], batched[i], shape) if batched[i] else d.astype(dtype)
         return branch
 
+    exact_column = functools.partial(column, rule=True)
+    if spec.layout is not None and not any(map(_xla.typed_per_device, flat)):
+        # A fast form's pass (its layout forced): where its value is not finite the exact
+        # pass of fast_or_exact replaces every output, so the fallback branches below are
+        # never used; NaNs in their place spare the program a second copy of the form.
+        # (Not where the arrays' types name mesh axes: the NaNs would need their sharding.)
+        exact, exact_column = _nans_like(fast), lambda i: _nans_like(column(i, False))
+
     layout, limit = _layout(spec, flat, batched)
     if force_exact or math.prod(shape) <= limit:
         value, ds = _exact_terms(spec, idx, batched, dtype, *flat)
@@ -549,13 +557,21 @@ def _fused_fwd_plain(spec: _Spec, *args, force_exact: bool = False):
         finite = _xla.batch_all(jnp.isfinite(value))
         grads = []
         for i in idx:
-            d = jax.lax.cond(finite, column(i, False), column(i, True), None)
+            d = jax.lax.cond(finite, column(i, False), exact_column(i), None)
             grads.append(d if batched[i] else _fold(d, arrays[i], False, shape))
     else:
         value = _value(fn(*flat), dtype)
         grads = jax.lax.cond(_xla.batch_all(jnp.isfinite(value)), fast, exact, None)
     out = dict(zip(idx, grads))
     return value, tuple(out.get(i) for i in range(len(arrays)))
+
+
+def _nans_like(branch: Callable) -> Callable:
+    """A lax.cond branch with ``branch``'s outputs, all NaN (``branch`` is only traced)."""
+    def nans(operand):
+        return jax.tree.map(lambda s: jnp.full(s.shape, jnp.nan, s.dtype),
+                            jax.eval_shape(branch, operand))
+    return nans
 
 
 def _fused_bwd(spec: _Spec, grads, g):

@@ -98,6 +98,12 @@ def fenced(fn: Callable, shapes, *arrays):
     return jax.lax.cond(holds, fn, lambda *_: jax.tree.map(_zeros, shapes), *arrays)
 
 
+def typed_per_device(x) -> bool:
+    """Whether ``x``'s type names mesh axes: split over Explicit ones (`split_sharding`) or
+    varying over a shard_map's. Values made for it (a lax.cond branch's) must carry them."""
+    return split_sharding(x) is not None or bool(_varying(x))
+
+
 def _varying(x) -> frozenset:
     """The shard_map mesh axes over which ``x`` (or a ShapeDtypeStruct) varies."""
     if not isinstance(x, jax.ShapeDtypeStruct) and not hasattr(jax, "typeof"):
