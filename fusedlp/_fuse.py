@@ -412,14 +412,19 @@ def _second_order_jvp(spec: _Spec, perturbed, outputs, primals, tangents):
     exact = _exact_spec(spec)
     fn, flat, shape, batched = _elementwise(exact, list(primals))
 
-    def values_and_partials(*fl):  # per element: f and the inner arguments' partials
-        if not inner:
-            return fn(*fl), {}
-        return _partials(exact, fn, list(fl), batched, inner, with_value=True)
+    # H is symmetric: along a moved j, the partial of a moved i < j is not formed again
+    # where H_ji is (along i, the partial of j), a jvp program the fewer for each pair.
+    def known(i, j):
+        return i in moved and i < j and j in inner
 
-    def second(fl):  # f, the inner partials, and their tangents along each moved argument
+    wanted = {j: [i for i in inner if not known(i, j)] for j in moved}
+
+    def second(fl):  # f, the partials wanted[j], and their tangents along each moved j
         def along(j, a):
-            return values_and_partials(*fl[:j], a, *fl[j + 1:])
+            fl_j = [*fl[:j], a, *fl[j + 1:]]
+            if not wanted[j]:
+                return fn(*fl_j), {}
+            return _partials(exact, fn, fl_j, batched, wanted[j], with_value=True)
         return [jax.jvp(functools.partial(along, j), (fl[j],), (jnp.ones_like(fl[j]),))
                 for j in moved]
 
@@ -427,17 +432,19 @@ def _second_order_jvp(spec: _Spec, perturbed, outputs, primals, tangents):
     # XLA would otherwise fuse f's whole chain into the product with each basis vector of
     # an outer jacrev, forming it once per vector.
     per_element = jax.ShapeDtypeStruct((math.prod(shape),), dtype)
-    parts = (per_element, dict.fromkeys(inner, per_element))
-    pushed = _xla.fenced(lambda _, fl: second(fl), [(parts, parts)] * len(moved),
+    parts = [(per_element, dict.fromkeys(wanted[j], per_element)) for j in moved]
+    pushed = _xla.fenced(lambda _, fl: second(fl), [(p, p) for p in parts],
                          flat[moved[0]], flat)
-    (v, ds), _ = pushed[0]
+    (v, ds), _ = pushed[0]  # moved[0] wants every inner partial
+    along = dict(zip(moved, (h for _, (_, h) in pushed)))
     dvalue, dpartials = jnp.zeros((), dtype), {}
     for j, (_, (d, hs)) in zip(moved, pushed):
         t = tangents[j].astype(dtype)
         t = jnp.broadcast_to(t, shape).reshape(-1) if batched[j] else t.reshape(())
         dvalue = dvalue + jnp.sum(_edge_rule(v, d) * t)
         for i in inner:
-            dpartials[i] = dpartials.get(i, 0.0) + _edge_rule(v, hs[i]) * t
+            h = along[i][j] if known(i, j) else hs[i]
+            dpartials[i] = dpartials.get(i, 0.0) + _edge_rule(v, h) * t
     # the primal outputs from the same exact pass (the forward-over-forward one's primal)
     grads = {i: _fold(_edge_rule(v, ds[i]), primals[i], batched[i], shape) for i in inner}
     dgrads = {i: _fold(dpartials[i], primals[i], batched[i], shape) for i in inner}
