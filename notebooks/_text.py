@@ -318,10 +318,10 @@ Measured on a 2-core AMD EPYC virtual machine, JAX 0.10.2 on CPU, float64 (the t
 
 * **The write-up's puzzle reproduces and has a plain cause.** Jitted `jax.grad` of
   `jax.scipy.stats.poisson.logpmf` costs about 15 % of the value at n = 1000 (the
-  write-up: a third), most of it the call's fixed cost, and 2–6 % of it from n = 10⁴. The value must compute log c! with `lgamma`, the
-  dearest operation here; the gradient c/λ − 1 does not need it, and XLA deletes what the
-  gradient does not use. Un-jitted, the gradient costs several times the value (over 5×;
-  the write-up: 6.5×).
+  write-up: a third), most of it the call's fixed cost, and 2–6 % of it from n = 10⁴. The
+  value must compute log c! with `lgamma`, the dearest operation here; the gradient
+  c/λ − 1 does not need it, and XLA deletes what the gradient does not use. Un-jitted, the
+  gradient costs several times the value (over 5×; the write-up: 6.5×).
 * **Value-and-gradient costs about the value** for every jitted route: the gradient rides
   along with the pass that computes the value.
 * **What to call.** For fitting, `fusedlp.poisson_lpmf(..., normalized=False)` (it drops
