@@ -24,6 +24,8 @@ import optax
 from jax.flatten_util import ravel_pytree
 from jax.typing import ArrayLike
 
+from fusedlp import _checks
+
 __all__ = ("NEWTON_MAX_PARAMS", "FitResult", "FitStatus", "fit", "standard_errors")
 
 PyTree = Any
@@ -71,10 +73,6 @@ def _status_text(status) -> str:
                            for v, c in zip(names, counts)) + "}"
 
 
-def _concrete(tree) -> bool:
-    return not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(tree))
-
-
 class _Shown(str):
     """A string that reprs as itself (a leaf of a printed params tree)."""
 
@@ -112,7 +110,7 @@ class FitResult(NamedTuple):
     hessian: jax.Array | None = None
 
     def __repr__(self) -> str:
-        if not _concrete(self):
+        if not _checks.is_concrete(self):
             return "FitResult(" + ", ".join(f"{k}={v!r}" for k, v in self._asdict().items()) + ")"
         def show(x):
             a = np.asarray(x)
@@ -127,7 +125,7 @@ class FitResult(NamedTuple):
         """The result as NumPy: ``params`` (a pytree of arrays), the scalar fields as
         arrays, ``status`` as its :class:`FitStatus` name (an array of names if
         batched), ``history`` and ``hessian`` (None without one). Concrete results only."""
-        if not _concrete(self):
+        if not _checks.is_concrete(self):
             raise TypeError("FitResult.to_dict: the result is traced (inside jit or vmap)")
         s = np.asarray(self.status)
         names = np.vectorize(lambda v: FitStatus(int(v)).name, otypes=[object])(s)
@@ -605,7 +603,7 @@ def _resolve_optimizer(optimizer, params: PyTree):
 def _check_finite_start(result: FitResult) -> None:
     """Raise if a concrete fit ended at step 0 on a non-finite objective or gradient (a
     fit whose first step diverged and was undone also ends at step 0, with finite ones)."""
-    if not (_concrete(result) and int(result.status) == FitStatus.DIVERGED
+    if not (_checks.is_concrete(result) and int(result.status) == FitStatus.DIVERGED
             and int(result.num_steps) == 0):
         return
     value, gnorm = float(result.value), float(result.grad_norm)
@@ -869,7 +867,7 @@ def standard_errors(
 
 def _warn_if_unusable(who: str, finite, pos_def) -> None:
     """The RuntimeWarning for a concrete non-finite objective or non-maximum."""
-    if isinstance(finite, jax.core.Tracer) or isinstance(pos_def, jax.core.Tracer):
+    if not _checks.is_concrete(finite, pos_def):
         return
     finite, pos_def = np.asarray(finite), np.asarray(pos_def)
     if not finite.all():

@@ -13,10 +13,10 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 from jax.scipy.special import erfc, ndtri
 
+from fusedlp import _checks
 from fusedlp.fitting import (
     FitResult,
     _as_float_params,
-    _concrete,
     _covariance,
     _inverse_information,
     _warn_if_unusable,
@@ -113,7 +113,7 @@ class FitSummary(NamedTuple):
         return pd.DataFrame({k: d[k] for k in _COLUMNS}, index=pd.Index(d["name"], name="name"))
 
     def _check_printable(self, who: str) -> None:
-        if not _concrete(self):
+        if not _checks.is_concrete(self):
             raise TypeError(f"FitSummary.{who}: the summary is traced (inside jit or vmap)")
         if np.ndim(self.loglik) != 0:
             raise ValueError(f"FitSummary.{who}: a batch of {np.shape(self.loglik)} summaries "
@@ -192,7 +192,7 @@ def summary(
     """
     params = result.params if isinstance(result, FitResult) else result
     params = _as_float_params(params)
-    if not 0.0 < float(alpha) < 1.0 if not isinstance(alpha, jax.core.Tracer) else False:
+    if _checks.is_concrete(alpha) and not 0.0 < float(alpha) < 1.0:
         raise ValueError(f"summary: alpha must be in (0, 1), got {alpha!r}")
     if isinstance(result, FitResult) and result.hessian is not None:
         sign = 1.0 if maximize else -1.0  # the fit's own value and curvature at its params
