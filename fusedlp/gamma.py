@@ -53,8 +53,10 @@ def _gamma_element(x, shape, rate):
     # Above shape 2, R's dgamma: log(rate) + log Poisson(shape - 1 | rate x) in Loader's
     # form (fusedlp._special), free of the cancellation of shape log(rate) - lgamma(shape)
     # + (shape - 1) log x - rate x, which keeps 4 digits at shape = 1e14.
+    # a in the shape alone: for a scalar shape, stirlerr(a) is scalar work, also in the
+    # second-order rule's forward-over-forward pass over this function
     big = (shape > 2.0) & inside
-    a = jnp.where(big, a1, 1.0)
+    a = jnp.where(shape > 2.0, a1, 1.0)
     xb = jnp.where(big, x, 1.0)
     lp_big = (log_rate - _special.stirlerr(a) - _special.HALF_LOG_2PI - 0.5 * jnp.log(a)
               - _special.bd0(a, rate * xb, log_m=log_rx))

@@ -72,14 +72,15 @@ def _log_nb(k, mu, phi):
 def _negative_binomial_element(k, mean, concentration, *, normalized=True):
     kok = (k >= 0) & (k == jnp.floor(k)) & (k < jnp.inf)
     kk = jnp.where(kok, k, 0.0)  # keeps the series finite off the support
-    ok = ((mean >= 0) & (mean < jnp.inf) & (concentration > 0) & (concentration < jnp.inf)
-          & ~jnp.isnan(k))
-    mu = jnp.where(ok, mean, 1.0)
-    phi = jnp.where(ok, concentration, 1.0)
+    # the parameters' verdict alone picks their stand-ins: for scalar parameters the work in
+    # them alone (stirlerr(phi)) stays scalar, also in the second-order rule's pass over f
+    param_ok = (mean >= 0) & (mean < jnp.inf) & (concentration > 0) & (concentration < jnp.inf)
+    mu = jnp.where(param_ok, mean, 1.0)
+    phi = jnp.where(param_ok, concentration, 1.0)
     lp = _log_nb(kk, mu, phi)
     if not normalized:
         lp = lp + jsp.gammaln(kk + 1.0)
-    return jnp.where(ok, jnp.where(kok, lp, -jnp.inf), jnp.nan)
+    return jnp.where(param_ok & ~jnp.isnan(k), jnp.where(kok, lp, -jnp.inf), jnp.nan)
 
 
 def _negative_binomial_fast(k, mean, concentration, *, normalized=True):
