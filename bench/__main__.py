@@ -18,6 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
         contexts,
         fit,
         fuse,
+        hessian,
         kernels,
         sharding,
         studies,
@@ -36,8 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     # each module has add_arguments(parser) and main(args); its docstring's first line is
     # the subcommand's help
     commands = {"studies": studies, "kernels": kernels, "contexts": contexts, "fit": fit,
-                "fuse": fuse, "sharding": sharding, "summary": summary, "accuracy": accuracy,
-                "workloads": workloads}
+                "fuse": fuse, "hessian": hessian, "sharding": sharding, "summary": summary,
+                "accuracy": accuracy, "workloads": workloads}
     for name, module in commands.items():
         help_ = (module.__doc__ or name).strip().splitlines()[0].replace("``", "")
         p = sub.add_parser(name, help=help_, description=help_)

@@ -1,8 +1,8 @@
 """Print the benchmark tables from saved results (JSON); times nothing.
 
 ``python -m bench summary [--results DIR]`` reads the JSON files the benchmarks write
-(``studies.json``, ``kernels.json``, ``contexts.json``, ``fuse.json``, ``fit.json``,
-``sharding.json``, ``workloads.json``) from
+(``studies.json``, ``kernels.json``, ``contexts.json``, ``hessian.json``, ``fuse.json``,
+``fit.json``, ``sharding.json``, ``workloads.json``) from
 ``DIR`` and prints one markdown section per file found, each headed by the date, the machine
 and the commit it was measured on. The documentation's performance page is this output for
 the results committed in ``docs/results/``, so its numbers are the ones the code produced.
@@ -18,7 +18,8 @@ from bench._timing import fmt_ratio, fmt_us
 DEFAULT_RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 SIZES = (10**4, 10**6, 10**7)
 # the order of the sections, and the file each one reads
-SECTIONS = ("studies", "kernels", "contexts", "fuse", "fit", "sharding", "workloads")
+SECTIONS = ("studies", "kernels", "contexts", "hessian", "fuse", "fit", "sharding",
+            "workloads")
 
 
 def add_arguments(p) -> None:
@@ -109,6 +110,20 @@ def section(name: str, doc: dict) -> str:
             contexts.temporaries_table(doc["rows"]),
             *[contexts.numpyro_line(r) for r in doc["numpyro"]],
             _timing_targets(doc["targets"])])
+    if name == "hessian":
+        from bench import hessian
+
+        return "\n\n".join([
+            "### Hessians (`python -m bench hessian`)",
+            "float64, data as `jit` arguments, median µs per call: `fusedlp.hessian` (reverse "
+            "over reverse through the kernels' rules) against `jax.hessian` of autodiff of the "
+            "`jax.scipy.stats` density (the plain formula for `normalized=False`); autodiff / "
+            "fused above 1: fusedlp is faster. scalar: with respect to every parameter, each a "
+            "scalar; glm: with respect to 5 coefficients of `X @ beta`, through exp where the "
+            "parameter is a rate or mean, the other parameters fixed. Compile: lower + compile "
+            "of each Hessian alone.",
+            machine_line(doc), hessian.table(doc["rows"]),
+            _timing_targets(doc["overview"]).replace("Targets (this run)", "This run")])
     if name == "fuse":
         from bench.fuse import tables
 

@@ -205,3 +205,41 @@ def test_contexts_benchmark_refuses_to_time_a_kernel_that_disagrees():
     with pytest.raises(RuntimeError, match="value"):
         contexts.bench_case(wrong, 1000, {"min_repeats": 1, "min_total": 0.0,
                                           "max_total": 0.01})
+
+
+def test_quick_hessian_benchmark_reports_both_workloads(tmp_path):
+    """`python -m bench hessian`: per kernel, fusedlp.hessian against jax.hessian of
+    autodiff, with respect to scalar parameters and to regression coefficients, both
+    checked to agree before timing, with compile times, in markdown and in the JSON."""
+    out_json = tmp_path / "hessian.json"
+    p = _bench("hessian", "--quick", "--kernels", "poisson_log,gamma", "--json", str(out_json))
+    assert p.returncode == 0, p.stderr
+    assert "| kernel | N | workload | size | fused µs | autodiff µs |" in p.stdout
+    doc = json.loads(out_json.read_text())
+    assert [r["kernel"] for r in doc["rows"]] == ["poisson_log", "gamma"]
+    for r in doc["rows"]:
+        from bench.hessian import WORKLOADS
+
+        assert list(r["workloads"]) == list(WORKLOADS)
+        sizes = {wl: w["size"] for wl, w in r["workloads"].items()}
+        assert sizes == {"scalar": 1 if r["kernel"] == "poisson_log" else 2, "glm": 5}
+        for w in r["workloads"].values():
+            assert w["ratio"] == pytest.approx(w["autodiff_s"] / w["fused_s"])
+            assert w["max_rel_diff"] <= 1e-7 and w["compile_fused_s"] > 0
+    from bench import summary
+
+    assert "### Hessians (`python -m bench hessian`)" in summary.render(
+        str(tmp_path), ("hessian",))
+
+
+def test_hessian_benchmark_refuses_to_time_a_kernel_that_disagrees():
+    import dataclasses
+
+    from bench import contexts, hessian
+
+    case = next(c for c in contexts._cases() if c.name == "gamma")
+    wrong = dataclasses.replace(
+        case, fused=lambda d, shape, rate: case.fused(d, shape, rate) + 0.01 * shape**3)
+    with pytest.raises(RuntimeError, match="Hessians differ"):
+        hessian.bench_case(wrong, 1000, {"min_repeats": 1, "min_total": 0.0,
+                                         "max_total": 0.01})
