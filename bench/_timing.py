@@ -136,14 +136,21 @@ def aot_compile(fn: Callable, *args) -> tuple[Callable, float, float]:
 
 
 def program_text(fn: Callable, *args) -> str:
-    """The optimized HLO of ``jax.jit(fn)`` for ``args``, without source metadata: two
-    callables with equal texts compile to the same program (an A/A pair for timing)."""
+    """The optimized HLO of ``jax.jit(fn)`` for ``args``, without source metadata and with
+    instructions renamed in order of appearance (XLA names them from the traced ops, which
+    differ between equal programs): two callables with equal texts compile to the same
+    program (an A/A pair for timing)."""
     import re
 
     text = jax.jit(fn).lower(*args).compile().as_text()
     keep = [re.sub(r", metadata=\{[^}]*\}", "", line) for line in text.splitlines()
             if line.lstrip().startswith(("%", "ROOT", "ENTRY", "}"))]
-    return "\n".join(keep)
+    names: dict[str, str] = {}
+
+    def canonical(m):
+        return "%" + names.setdefault(m.group(1), f"i{len(names)}")
+
+    return "\n".join(re.sub(r"%([\w.\-]+)", canonical, line) for line in keep)
 
 
 # --------------------------------------------------------------------------- timing
