@@ -306,6 +306,33 @@ def temporaries_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def selected_cases(kernels: str | None) -> list[Case]:
+    """The cases named in ``kernels`` (a ``--kernels`` value: comma-separated), all if None;
+    an unknown name ends the run with the list of known ones."""
+    cases = _cases()
+    if not kernels:
+        return cases
+    wanted = {k.strip() for k in kernels.split(",")}
+    unknown = wanted - {c.name for c in cases}
+    if unknown:
+        raise SystemExit(f"unknown kernel(s) {sorted(unknown)}; choose from "
+                         + ", ".join(c.name for c in cases))
+    return [c for c in cases if c.name in wanted]
+
+
+def run_cases(cases, sizes, bench, log, describe) -> list[dict]:
+    """``bench(case, n)`` for every case and size, in order; each row logged as the case,
+    N, ``describe(row)`` and the seconds it took."""
+    rows = []
+    for case in cases:
+        for n in sizes:
+            t0 = time.perf_counter()
+            rows.append(bench(case, n))
+            log(f"  {case.name:32s} N={n:<9,d} {describe(rows[-1])}  "
+                f"({time.perf_counter() - t0:.0f} s)")
+    return rows
+
+
 def add_arguments(p) -> None:
     p.add_argument("--quick", action="store_true",
                    help="N = 10^4 only, few repeats, NumPyro at N = 10^4 (a smoke run)")
@@ -322,25 +349,11 @@ def main(args) -> int:
     sizes = [10_000] if args.quick else [int(float(s)) for s in args.sizes.split(",")]
     cfg = ({"min_repeats": 3, "min_total": 0.02, "max_total": 0.2} if args.quick else
            {"min_repeats": 15, "min_total": 0.3, "max_total": 3.0})
-    cases = _cases()
-    if args.kernels:
-        wanted = {k.strip() for k in args.kernels.split(",")}
-        unknown = wanted - {c.name for c in cases}
-        if unknown:
-            raise SystemExit(f"unknown kernel(s) {sorted(unknown)}; choose from "
-                             + ", ".join(c.name for c in cases))
-        cases = [c for c in cases if c.name in wanted]
     log = partial(print, file=sys.stderr, flush=True)
     machine = _timing.machine_info()
     t_start = time.perf_counter()
-    rows = []
-    for case in cases:
-        for n in sizes:
-            t0 = time.perf_counter()
-            rows.append(bench_case(case, n, cfg))
-            log(f"  {case.name:32s} N={n:<9,d} " + " ".join(
-                f"{c['ratio']:.2f}" for c in rows[-1]["contexts"].values())
-                + f"  ({time.perf_counter() - t0:.0f} s)")
+    rows = run_cases(selected_cases(args.kernels), sizes, partial(bench_case, cfg=cfg), log,
+                     lambda row: " ".join(f"{c['ratio']:.2f}" for c in row["contexts"].values()))
     numpyro = [numpyro_row(10_000 if args.quick else 100_000, cfg)]
     wall = time.perf_counter() - t_start
     targets = evaluate_targets(rows, numpyro)

@@ -144,32 +144,19 @@ def add_arguments(p) -> None:
 
 
 def main(args) -> int:
-    from bench.contexts import _cases
+    from bench import contexts
 
     jax.config.update("jax_enable_x64", True)
     jax.config.update("jax_cpu_enable_async_dispatch", False)
     sizes = [10_000] if args.quick else [int(float(s)) for s in args.sizes.split(",")]
     cfg = ({"min_repeats": 3, "min_total": 0.02, "max_total": 0.2} if args.quick else
            {"min_repeats": 11, "min_total": 0.3, "max_total": 3.0})
-    cases = _cases()
-    if args.kernels:
-        wanted = {k.strip() for k in args.kernels.split(",")}
-        unknown = wanted - {c.name for c in cases}
-        if unknown:
-            raise SystemExit(f"unknown kernel(s) {sorted(unknown)}; choose from "
-                             + ", ".join(c.name for c in cases))
-        cases = [c for c in cases if c.name in wanted]
     log = partial(print, file=sys.stderr, flush=True)
     machine = _timing.machine_info()
     t_start = time.perf_counter()
-    rows = []
-    for case in cases:
-        for n in sizes:
-            t0 = time.perf_counter()
-            rows.append(bench_case(case, n, cfg))
-            log(f"  {case.name:32s} N={n:<9,d} " + " ".join(
-                f"{wl} {w['ratio']:.2f}" for wl, w in rows[-1]["workloads"].items())
-                + f"  ({time.perf_counter() - t0:.0f} s)")
+    rows = contexts.run_cases(
+        contexts.selected_cases(args.kernels), sizes, partial(bench_case, cfg=cfg), log,
+        lambda row: " ".join(f"{wl} {w['ratio']:.2f}" for wl, w in row["workloads"].items()))
     wall = time.perf_counter() - t_start
     summary = overview(rows)
     print("## Hessians: fusedlp.hessian against jax.hessian of autodiff\n")
