@@ -148,6 +148,70 @@ def _with_tangent_of_jvp(fn, primals, tangents):
     return value, jax.jvp(fn, tuple(args), tuple(targs))[1]
 
 
+@partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _in_support_sums(shape, z2, x, loc, s):
+    """(Z2, Z1, n) over the elements with a finite x, for a scalar sigma ``s``:
+    Z2 = sum z^2 (``z2``, the value's select-free sum, where finite), Z1 = sum z, n their
+    count. Off-support x (+-inf) make ``z2`` infinite: only then does a second, exact pass
+    (lax.cond) mask those elements; a non-finite array mu gives NaN there.
+    """
+    n = math.prod(shape)
+    s_inv = 1.0 / s
+    z1 = jnp.sum(jnp.broadcast_to(x - loc, shape)) * s_inv
+
+    def sums(x, loc):
+        o = jnp.isinf(x)
+        zm = jnp.where(o, 0.0, (_finite_or_0(x) - loc) * s_inv)
+        zm = jnp.where(jnp.isfinite(loc), zm, jnp.nan)
+        return jnp.sum(zm * zm), jnp.sum(zm), jnp.sum(~o, dtype=z2.dtype)
+
+    def exact(_):  # over blocks: its selects' temporaries stay block-sized
+        flat = [jnp.broadcast_to(a, shape).reshape(-1) if a.size != 1 else a.reshape(())
+                for a in (x, loc)]
+        return _xla.blockwise(sums, flat, [a.ndim == 1 for a in flat])
+
+    fast = lambda _: (z2, z1, jnp.asarray(n, z2.dtype))  # noqa: E731
+    if n <= _xla.SMALL_NORMAL:
+        return sums(jnp.broadcast_to(x, shape), loc)
+    return jax.lax.cond(jnp.isfinite(z2), fast, exact, None)
+
+
+# Second order (fusedlp.hessian differentiates the forward rule). Over the in-support
+# elements, with dz = (dx - dmu - z dsigma) / sigma per element:
+#   dZ2 = 2 sum z dz = (2 sum z (dx - dmu) - 2 Z2 dsigma) / sigma
+#   dZ1 =   sum dz   = (sum (dx - dmu) - Z1 dsigma) / sigma,        dn = 0.
+# With x fixed and a scalar mu the sums are n dmu and Z1 dmu: the tangents are scalar
+# arithmetic on the sums already formed, not a pass over the data (differentiating the
+# passes themselves would store and reread N-sized linearisation residuals).
+def _in_support_sums_jvp(shape, primals, tangents):
+    _, x, loc, s = primals
+    _, dx, dloc, ds = tangents
+    z2, z1, n_in = out = _in_support_sums(shape, *primals)
+    s_inv = 1.0 / s
+    zero = jnp.zeros_like(z2)
+    dz2 = zero if _is_zero(ds) else -2.0 * z2 * ds
+    dz1 = zero if _is_zero(ds) else -z1 * ds
+    if not _is_zero(dloc) and loc.size == 1:
+        dz2, dz1 = dz2 - 2.0 * z1 * dloc.reshape(()), dz1 - n_in * dloc.reshape(())
+        dloc = None
+    shift = [d for d in (dx, None if _is_zero(dloc) else -dloc) if not _is_zero(d)]
+    if shift:  # per-element tangents (an array mu, or x itself): a pass over the data
+        o = jnp.broadcast_to(jnp.isinf(x), shape)
+        t = jnp.where(o, 0.0, jnp.broadcast_to(sum(shift), shape))
+        z = jnp.where(o, 0.0, jnp.broadcast_to((_finite_or_0(x) - loc) * s_inv, shape))
+        dz2, dz1 = dz2 + 2.0 * jnp.sum(z * t), dz1 + jnp.sum(t)
+    # a non-finite array mu makes the sums NaN: their tangents too, not +-inf
+    nan_if = lambda a, d: jnp.where(jnp.isnan(a), jnp.nan, d * s_inv)  # noqa: E731
+    return out, (nan_if(z2, dz2), nan_if(z1, dz1), zero)
+
+
+_in_support_sums.defjvp(_in_support_sums_jvp, symbolic_zeros=True)
+
+
+def _is_zero(t):
+    return t is None or isinstance(t, jax.custom_derivatives.SymbolicZero)
+
+
 @partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _normal(normalized, x, loc, scale):
     return _normal_value(normalized, x, loc, scale)
@@ -180,7 +244,6 @@ def _normal_fwd(normalized, x, loc, scale):
     #   d/dmu = Z1 / sigma (scalar mu),   d/dsigma = (Z2 - n) / sigma,
     # reduced without selects in the pass that forms the value. Off-support x (+-inf) makes
     # Z2 infinite: only then does a second, exact pass (lax.cond) mask those elements.
-    n = math.prod(shape)
     s = sv.reshape(())
     s_inv = 1.0 / s
     value, z2, s_ok = _scalar_scale_value(normalized, xv, lv, s, shape)
@@ -188,30 +251,9 @@ def _normal_fwd(normalized, x, loc, scale):
     if not (want_z1 or scale.perturbed):
         return value, (dx, dloc, dscale)
     # Z1 is its own reduction over x - mu (a different expression from the value's
-    # x + (-mu), so XLA does not materialise a shared z array to feed both).
-    z1 = jnp.sum(jnp.broadcast_to(xv - lv, shape)) * s_inv if want_z1 else jnp.zeros_like(z2)
-    # (The safe x is formed inside each use from the argument itself: a computed N-array
-    # passed into a lax.cond or custom_jvp would be written out on every call.)
-    z2 = _with_tangent_of(
-        lambda a, b, c: jnp.sum(jnp.broadcast_to(((_finite_or_0(a) - b) / c) ** 2, shape)),
-        z2, xv, lv, s)
-    if want_z1:
-        z1 = _with_tangent_of(
-            lambda a, b, c: jnp.sum(jnp.broadcast_to(_finite_or_0(a) - b, shape)) / c,
-            z1, xv, lv, s)
-
-    def in_support_sums(_):
-        o = jnp.broadcast_to(jnp.isinf(xv), shape)
-        zm = jnp.where(o, 0.0, jnp.broadcast_to((_finite_or_0(xv) - lv) * s_inv, shape))
-        zm = jnp.where(jnp.broadcast_to(jnp.isfinite(lv), shape), zm, jnp.nan)
-        z1m = jnp.sum(zm) if want_z1 else z1
-        return jnp.sum(zm * zm), z1m, n - jnp.sum(o, dtype=z2.dtype)
-
-    fast = lambda _: (z2, z1, jnp.asarray(n, z2.dtype))  # noqa: E731
-    if n <= _xla.SMALL_NORMAL:
-        z2_in, z1_in, n_in = in_support_sums(None)
-    else:
-        z2_in, z1_in, n_in = jax.lax.cond(jnp.isfinite(z2), fast, in_support_sums, None)
+    # x + (-mu), so XLA does not materialise a shared z array to feed both). When nothing
+    # reads it (d/dmu not wanted, first order), XLA drops it.
+    z2_in, z1_in, n_in = _in_support_sums(shape, z2, xv, lv, s)
     if want_z1:
         dloc = jnp.where(s_ok, z1_in * s_inv, jnp.nan).reshape(lv.shape)
     if scale.perturbed:

@@ -387,6 +387,58 @@ def test_hessian_normal_loc_scale(rng, tol, loc_shape, scale_shape):
     assert_trees_close(got, want, tol(np.float64)["grad"])
 
 
+@pytest.mark.parametrize("loc_kind", ["scalar", "array"])
+@pytest.mark.parametrize("edge", [False, True], ids=["finite-x", "an-infinite-x"])
+def test_hessian_normal_scalar_scale_above_small_size(rng, tol, loc_kind, edge):
+    """Above fusedlp._xla.SMALL_NORMAL a scalar scale's sums take a lax.cond; their second
+    derivatives come from normal._in_support_sums' own JVP. Against jax.hessian of the
+    plain formula over the in-support elements, loc a scalar or u-linear array."""
+    n = 20_000
+    x, u = rng.normal(1.0, 2.0, size=n), rng.normal(size=n)
+    if edge:
+        x[n // 3] = -np.inf
+    inside = np.isfinite(x)
+
+    def ll(density, t):
+        loc = t[0] if loc_kind == "scalar" else t[0] + t[1] * u
+        return density(x, loc, t[2])
+
+    def plain(x, loc, scale):
+        safe = jnp.where(inside, x, 0.0)
+        return jnp.sum(jnp.where(inside, jsp_stats.norm.logpdf(safe, loc, scale), 0.0))
+
+    t = jnp.array([0.9, 0.3, 1.8])
+    got = jax.jit(fusedlp.hessian(lambda t: ll(fusedlp.normal_lpdf, t)))(t)
+    want = jax.jit(jax.hessian(lambda t: ll(plain, t)))(t)
+    np.testing.assert_allclose(got, want, rtol=tol(np.float64)["grad"],
+                               atol=1e-12 * float(jnp.max(jnp.abs(want))))
+
+
+@pytest.mark.parametrize("n", [50, 20_000])
+def test_normal_in_support_sums_jvp_against_autodiff(rng, tol, n):
+    """The closed-form JVP of the sums (Z2, Z1, count) behind a scalar scale, every tangent
+    at once (x, an array loc, the scale), against forward mode of the plain masked sums."""
+    from fusedlp import normal
+
+    x, loc = rng.normal(1.0, 2.0, size=n), rng.normal(size=n)
+    x[n // 4] = np.inf
+    s = np.float64(1.7)
+    inside = np.isfinite(x)
+
+    def plain(x, loc, s):
+        z = jnp.where(inside, (jnp.where(inside, x, 0.0) - loc) / s, 0.0)
+        return jnp.sum(z * z), jnp.sum(z), jnp.asarray(inside.sum(), x.dtype)
+
+    def fused(x, loc, s):
+        z2 = jnp.sum(((x - loc) / s) ** 2)  # the value's sum: +inf here
+        return normal._in_support_sums((n,), z2, x, loc, s)
+
+    tangents = (rng.normal(size=n), rng.normal(size=n), np.float64(0.4))
+    got = jax.jvp(fused, (x, loc, s), tangents)
+    want = jax.jvp(plain, (x, loc, s), tangents)
+    assert_trees_close(got, want, tol(np.float64)["grad"])
+
+
 def test_hessian_normal_all_arguments_and_single_argnum(rng, tol):
     x, loc, scale = rng.normal(size=(2, 3)), rng.normal(size=3), np.float64(1.3)
     got = jax.jit(fusedlp.hessian(fusedlp.normal_lpdf, argnums=(0, 1, 2)))(x, loc, scale)

@@ -8,6 +8,8 @@ or a jax upgrade; see fusedlp._xla for why each promise matters on XLA:CPU.
 * The normal kernel's value-and-gradient with a vector ``loc`` and a scalar ``scale`` writes
   one N-sized array, the gradient: the value's ``x + (-loc)`` and the partial's ``x - loc``
   are spelled apart so that XLA does not share (and write out) one array for both.
+* With scalar ``loc`` and ``scale`` its value, gradient and Hessian write no N-sized array:
+  every partial is a reduction, and the second partials are arithmetic on those sums.
 """
 
 from __future__ import annotations
@@ -27,6 +29,10 @@ N = 4099  # a size no other array in these programs has
 
 def _optimised_hlo(fn, *args) -> str:
     return jax.jit(fn).lower(*args).compile().as_text()
+
+
+# 8 exact-pass blocks (fusedlp._xla.BLOCK) and a remainder
+BLOCKS_N = 8 * 65536 + 3
 
 
 def _per_element_ops(hlo: str, ops=("select", "clamp", "gather")) -> list[str]:
@@ -111,14 +117,26 @@ def test_the_count_sees_a_shared_array(rng):
     assert _arrays_written(f, rng.normal(size=n), n=n) >= 1
 
 
-@pytest.mark.xfail(strict=True, reason="issue 15, not met: XLA:CPU writes two N-sized arrays "
-                   "for these pure reductions (data as jit arguments)")
 @pytest.mark.parametrize("argnums", [(1,), (2,), (1, 2)])
 def test_normal_with_scalar_parameters_writes_no_array(argnums, rng):
-    """Scalar loc and scale: every partial is a reduction, so no N-sized array at all."""
-    n = 100_003
+    """Scalar loc and scale: every partial is a reduction, so no N-sized array at all. The
+    exact pass behind the select-free sums (taken only when some x is infinite) runs over
+    blocks: whole, its selects were two N-sized arrays."""
     fn = jax.value_and_grad(fusedlp.normal_lpdf, argnums=argnums)
-    assert _arrays_written(fn, rng.normal(size=n), np.float64(0.1), np.float64(1.3), n=n) == 0
+    args = (rng.normal(size=BLOCKS_N), np.float64(0.1), np.float64(1.3))
+    assert _arrays_written(fn, *args, n=BLOCKS_N) == 0
+
+
+@pytest.mark.parametrize("wrt", ["loc_and_scale", "scale"])
+def test_normal_hessian_in_scalar_parameters_writes_no_array(wrt, rng):
+    """fusedlp.hessian in scalar parameters: the second partials are arithmetic on the sums
+    n, sum z and sum z^2 (the JVP of normal._in_support_sums), so no N-sized array.
+    Differentiating the passes themselves wrote about six (their linearisation)."""
+    f = {"loc_and_scale": lambda t, x: fusedlp.normal_lpdf(x, t[0], t[1]),
+         "scale": lambda t, x: fusedlp.normal_lpdf(x, 0.1, t[1])}[wrt]
+    fn = fusedlp.hessian(f)
+    assert _arrays_written(fn, np.array([0.1, 1.3]), rng.normal(size=BLOCKS_N),
+                           n=BLOCKS_N) == 0
 
 
 def _temporaries(fn, *args, n: int) -> float:
@@ -138,8 +156,6 @@ def _vector_parameter_kernels(rng, n):
         "poisson_log": lambda e: fusedlp.poisson_log_lpmf(d["k"], e),
     }
 
-
-BLOCKS_N = 8 * 65536 + 3
 
 
 @pytest.mark.parametrize("name", ["gamma", "student_t", "negative_binomial", "binomial_logit",
