@@ -74,8 +74,10 @@ def fusedlp_kernel(kernel: str):
     return _eam if kernel == "eam_energy" else getattr(fusedlp, kernel)
 
 
-def evaluate(fn, table: dict, dtype: str, *, grad: bool = True):
-    """``fn`` at every point (inputs cast to ``dtype``), one jitted, vmapped call.
+def evaluate(fn, table: dict, dtype: str, *, grad: bool = True, each: bool = False):
+    """``fn`` at every point (inputs cast to ``dtype``), one jitted, vmapped call; if
+    ``each``, one jitted loop over the points instead (``jax.lax.map``), so that no choice
+    inside ``fn`` is made once for the whole batch (a fast form's verdict under vmap is).
 
     Returns (value, partials) as float64 arrays, partials of shape (n, len(diff)) by
     ``jax.value_and_grad`` of ``fn`` on one element; partials is None if not ``grad``.
@@ -84,10 +86,14 @@ def evaluate(fn, table: dict, dtype: str, *, grad: bool = True):
     import jax.numpy as jnp
 
     cols = [jnp.asarray(table["inputs"][:, i], dtype=dtype) for i in range(len(table["args"]))]
+
+    def over_points(f):
+        return jax.jit(lambda *c: jax.lax.map(lambda a: f(*a), c) if each else jax.vmap(f)(*c))
+
     if not grad:
-        return np.asarray(jax.jit(jax.vmap(fn))(*cols), dtype=np.float64), None
+        return np.asarray(over_points(fn)(*cols), dtype=np.float64), None
     argnums = tuple(table["args"].index(d) for d in table["diff"])
-    value, partials = jax.jit(jax.vmap(jax.value_and_grad(fn, argnums=argnums)))(*cols)
+    value, partials = over_points(jax.value_and_grad(fn, argnums=argnums))(*cols)
     partials = np.stack([np.asarray(p, dtype=np.float64) for p in partials], axis=1)
     return np.asarray(value, dtype=np.float64), partials
 
