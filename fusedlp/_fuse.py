@@ -33,7 +33,9 @@ Second derivatives (``fusedlp.hessian``: reverse mode over the forward rule) dif
 the forward rule through a rule of its own (``_second_order_jvp``): each element's second
 partials by forward mode over forward mode through ``f``, formed once, so that an outer
 ``jacrev`` multiplies them by each basis vector instead of walking ``f``'s chain back once
-per vector.
+per vector. A built-in kernel whose hand-derived fast partials differentiate accurately
+(``kernel(fast_second_order=True)``) takes them by forward mode over those instead, where
+they and its fast form are finite.
 
 The edge rule (because ``f`` is arbitrary user code, the kernel imposes it on the first and
 second partials):
@@ -82,6 +84,8 @@ class _Spec:
     # arguments) pairs, in place of its forward mode (see _fused_fwd_plain); f's own: none
     fast_partials: tuple[tuple[int, Callable], ...] = ()
     partials: tuple[tuple[int, Callable], ...] = ()
+    # whether second derivatives may differentiate fast_partials (see kernel)
+    fast_second_order: bool = False
     # the summed data-only part of fast's value, computed when the data were concrete at
     # trace time (kernel's data_term); fast then leaves that part out
     offset: jax.Array | None = None
@@ -409,8 +413,8 @@ def _second_order_jvp(spec: _Spec, perturbed, outputs, primals, tangents):
         return out, (jnp.zeros_like(value), tuple(None if g is None else jnp.zeros_like(g)
                                                   for g in grads))
     dtype = primals[0].dtype
-    exact = _exact_spec(spec)
-    fn, flat, shape, batched = _elementwise(exact, list(primals))
+    shape = jnp.broadcast_shapes(*(a.shape for a in primals))
+    batched = _elementwise(spec, list(primals))[3]
 
     # H is symmetric: along a moved j, the partial of a moved i < j is not formed again
     # where H_ji is (along i, the partial of j), a jvp program the fewer for each pair.
@@ -418,15 +422,64 @@ def _second_order_jvp(spec: _Spec, perturbed, outputs, primals, tangents):
         return i in moved and i < j and j in inner
 
     wanted = {j: [i for i in inner if not known(i, j)] for j in moved}
+    exact = functools.partial(_second_partials, _exact_spec(spec), moved, wanted, True)
+    hand = {i for i, _ in spec.fast_partials}
+    if (spec.fast_second_order and spec.mode == "jvp" and set(moved) <= set(inner)
+            and set(inner) <= hand):
+        # the fast form's hand-derived partials differentiated, where all are finite, f's
+        # exact second partials otherwise. Only where every argument has one: forward mode
+        # twice through the fast form itself compiled slower than it ran faster.
+        fast = functools.partial(_second_partials, _fast_spec(spec), moved, wanted, False)
+        value, ds, pushed = _xla.fast_or_exact(math.prod(shape), _plus_offset(spec, fast),
+                                               exact, *primals)
+    else:
+        value, ds, pushed = exact(*primals)
+    along = dict(zip(moved, (h for _, h in pushed)))
+    dvalue, dpartials = jnp.zeros((), dtype), {}
+    for j, (d, hs) in zip(moved, pushed):
+        t = tangents[j].astype(dtype)
+        t = jnp.broadcast_to(t, shape).reshape(-1) if batched[j] else t.reshape(())
+        dvalue = dvalue + jnp.sum(d * t)
+        for i in inner:
+            h = along[i][j] if known(i, j) else hs[i]
+            dpartials[i] = dpartials.get(i, 0.0) + h * t
+    # the primal outputs from the same pass (the forward-over-forward one's primal)
+    grads = {i: _fold(ds[i], primals[i], batched[i], shape) for i in inner}
+    dgrads = {i: _fold(dpartials[i], primals[i], batched[i], shape) for i in inner}
+    return ((value, tuple(grads.get(i) for i in range(len(primals)))),
+            (dvalue, tuple(dgrads.get(i) for i in range(len(primals)))))
+
+
+def _second_partials(spec: _Spec, moved, wanted, edge_rule: bool, *arrays):
+    """The per-element pieces of `_second_order_jvp`, over the flattened elements: the summed
+    value, the first partials of the inner arguments (``wanted[moved[0]]``: all of them),
+    and per moved argument j its first partial and the second partials ``wanted[j]``; with
+    the edge rule if ``edge_rule`` (a fast form's are used only where all are finite).
+
+    Forward mode along j (a tangent of ones: the elements are independent, as in
+    `_partials`): over f's forward mode, or, for a fast form, over its hand-derived
+    partials (``spec.partials``: then every argument has one, and the value is not
+    differentiated)."""
+    dtype = arrays[0].dtype
+    fn, flat, shape, batched = _elementwise(spec, list(arrays))
+    hand = dict(spec.partials)
 
     def second(fl):  # f, the partials wanted[j], and their tangents along each moved j
+        v = fn(*fl) if hand else None
+
         def along(j, a):
             fl_j = [*fl[:j], a, *fl[j + 1:]]
+            if hand:
+                return v, {i: _mapped(dataclasses.replace(spec, f=hand[i]), fl_j, batched)(*fl_j)
+                           for i in wanted[j]}
             if not wanted[j]:
                 return fn(*fl_j), {}
-            return _partials(exact, fn, fl_j, batched, wanted[j], with_value=True)
-        return [jax.jvp(functools.partial(along, j), (fl[j],), (jnp.ones_like(fl[j]),))
-                for j in moved]
+            return _partials(spec, fn, fl_j, batched, wanted[j], with_value=True)
+        pushed = [jax.jvp(functools.partial(along, j), (fl[j],), (jnp.ones_like(fl[j]),))
+                  for j in moved]
+        if hand:  # d_j, the value's tangent along j: the hand partial itself
+            pushed = [(p, (p[1][j], h)) for j, (p, (_, h)) in zip(moved, pushed)]
+        return pushed
 
     # Fenced (its predicate from a moved argument: traced, where the data may be constants):
     # XLA would otherwise fuse f's whole chain into the product with each basis vector of
@@ -436,20 +489,9 @@ def _second_order_jvp(spec: _Spec, perturbed, outputs, primals, tangents):
     pushed = _xla.fenced(lambda _, fl: second(fl), [(p, p) for p in parts],
                          flat[moved[0]], flat)
     (v, ds), _ = pushed[0]  # moved[0] wants every inner partial
-    along = dict(zip(moved, (h for _, (_, h) in pushed)))
-    dvalue, dpartials = jnp.zeros((), dtype), {}
-    for j, (_, (d, hs)) in zip(moved, pushed):
-        t = tangents[j].astype(dtype)
-        t = jnp.broadcast_to(t, shape).reshape(-1) if batched[j] else t.reshape(())
-        dvalue = dvalue + jnp.sum(_edge_rule(v, d) * t)
-        for i in inner:
-            h = along[i][j] if known(i, j) else hs[i]
-            dpartials[i] = dpartials.get(i, 0.0) + _edge_rule(v, h) * t
-    # the primal outputs from the same exact pass (the forward-over-forward one's primal)
-    grads = {i: _fold(_edge_rule(v, ds[i]), primals[i], batched[i], shape) for i in inner}
-    dgrads = {i: _fold(dpartials[i], primals[i], batched[i], shape) for i in inner}
-    return ((_value(v, dtype), tuple(grads.get(i) for i in range(len(primals)))),
-            (dvalue, tuple(dgrads.get(i) for i in range(len(primals)))))
+    rule = functools.partial(_edge_rule, v) if edge_rule else (lambda d: d.astype(dtype))
+    return (_value(v, dtype), {i: rule(d) for i, d in ds.items()},
+            [(rule(d), {i: rule(h) for i, h in hs.items()}) for (_, (d, hs)) in pushed])
 
 
 def _forward_outputs(spec: _Spec, perturbed, *arrays):
@@ -734,6 +776,7 @@ def kernel(
     fast_layout: str = "cond",
     fast_partials: dict[str, Callable] | None = None,
     data_term: Callable | None = None,
+    fast_second_order: bool = False,
     mode: str = "jvp",
 ) -> Callable:
     """`fuse`, with the options the built-in kernels and the benchmark use.
@@ -757,6 +800,12 @@ def kernel(
     NumPyro's MCMC) and on one device, its sum is computed then, once, instead of in every
     call; otherwise (traced data, data spread over devices, or a sum that is not finite:
     data off the support) it is added per element.
+    ``fast_second_order``: second derivatives (fusedlp.hessian) in arguments that all have
+    ``fast_partials`` differentiate those (forward mode) where the fast form and they are
+    finite, instead of running f forward over forward. Only for partials whose derivatives
+    are as accurate as they are (tests/test_accuracy.py checks them against mpmath):
+    differentiating an accurate formula can cancel (the negative binomial's
+    (k - mu)/(mu (1 + mu/phi)) at k = 0 and mu = 1e-150 gave -7e133 for 1e-20).
     ``mode``: "jvp" (fuse's rule); for the benchmark, "grad" (reverse mode per element in
     the rule) and "autodiff" (no rule: jnp.sum of vmap(f), plain autodiff).
     """
@@ -826,7 +875,7 @@ def kernel(
             if offset is None:
                 fast_elem = _with_data_term(fast_elem, term, pos)
         spec = _Spec(elem, nondiff, mode, fast_elem, fast_layout, fast_partials=hand,
-                     offset=offset)
+                     offset=offset, fast_second_order=fast_second_order and bool(hand))
         # "autodiff", the benchmark's reference: the same sum, no custom rule
         value = _fused_value if mode == "autodiff" else _fused
         return value(spec, *(a.astype(dt) for a in arrays))

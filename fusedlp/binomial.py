@@ -129,17 +129,18 @@ def _binomial_logit_data(k, n, *, normalized=True):
 
 
 def _binomial_dlogit(k, n, logit, *, normalized=True):
-    """The fast form's d/deta by hand: k - n sigmoid(eta) (sigmoid is jax's logistic,
-    accurate relative to itself at every eta)."""
+    """The fast form's d/deta by hand: k - n sigmoid(eta) (sigmoid accurate relative to
+    itself at every eta, and so is its derivative: the second partial -n sigmoid(eta)
+    sigmoid(-eta), which fusedlp.hessian takes from it)."""
     del normalized  # log C(n, k) holds no eta
-    return k - n * jax.nn.sigmoid(logit)
+    return k - n * _special.logistic(logit)
 
 
 _bernoulli_logit = fuse(_bernoulli_logit_element, data=("y",), name="bernoulli_logit_lpmf")
 _binomial_logit = kernel(_binomial_logit_element, fast=_binomial_logit_fast,
                          fast_layout="columns", data=("k", "n"), name="binomial_logit_lpmf",
                          fast_partials={"logit": _binomial_dlogit},
-                         data_term=_binomial_logit_data)
+                         data_term=_binomial_logit_data, fast_second_order=True)
 
 
 @constraints.declare(support={"y": constraints.binary},

@@ -94,16 +94,19 @@ def _gamma_fast(x, shape, rate):
 # and Loader's alike, and exact to a few ulps of the terms, which the condition numbers
 # bound. (d/dshape stays forward mode: log(rate x) - digamma(shape) cancels at large shape,
 # where Loader's form keeps it apart.)
+# The fast partials' divisions go through _special.ratio, whose derivative -(a/b)/b holds
+# where b^2 under- or overflows: fusedlp.hessian differentiates them (fast_second_order).
 def _gamma_dx(x, shape, rate):
-    return (shape - 1.0) / x - rate
+    return _special.ratio(shape - 1.0, x) - rate
 
 
 def _gamma_drate(x, shape, rate):
-    return shape / rate - x
+    return _special.ratio(shape, rate) - x
 
 
 _gamma = kernel(_gamma_element, fast=_gamma_fast, name="gamma_lpdf",
-                fast_partials={"x": _gamma_dx, "rate": _gamma_drate})
+                fast_partials={"x": _gamma_dx, "rate": _gamma_drate},
+                fast_second_order=True)
 
 
 @constraints.declare(support={"x": constraints.nonnegative},
