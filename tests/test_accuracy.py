@@ -299,8 +299,17 @@ def _gamma_second(mp, x, shape, rate):
     return [[-(a - 1) / x**2, mp.mpf(-1)], [mp.mpf(-1), -a / b**2]]
 
 
+def _negative_binomial_second(mp, k, mean, concentration):
+    """d2/dmean2 = -k/mu^2 + (k + phi)/(mu + phi)^2, which changes sign: judged relative
+    to the sum of the two terms' magnitudes (its condition), returned second."""
+    k, mu, phi = (mp.mpf(v) for v in (k, mean, concentration))
+    a, b = k / mu**2, (k + phi) / (mu + phi) ** 2
+    return [[b - a]], [[a + b]]
+
+
 SECOND = {"binomial_logit_lpmf": (("logit",), _binomial_logit_second),
-          "gamma_lpdf": (("x", "rate"), _gamma_second)}
+          "gamma_lpdf": (("x", "rate"), _gamma_second),
+          "negative_binomial_lpmf": (("mean",), _negative_binomial_second)}
 
 
 def _second_partials(kernel, small):
@@ -330,18 +339,23 @@ def _second_partials(kernel, small):
             jnp.asarray(table["inputs"])))
     finally:
         _xla.SMALL = before
+    n = len(idx)
+    ref, sens = np.full((2, len(got), n, n), np.nan)
     with mpmath.workdps(50):
-        ref = np.array([[[float(v) for v in r] for r in reference(mpmath, *p)]
-                        if np.isfinite(v) else np.full((len(idx),) * 2, np.nan)
-                        for p, v in zip(table["inputs"], table["value"])])
-    return table, got, ref
+        for j, (p, v) in enumerate(zip(table["inputs"], table["value"])):
+            if np.isfinite(v):
+                out = reference(mpmath, *p)
+                r, c = out if isinstance(out, tuple) else (out, [[0] * n] * n)
+                ref[j], sens[j] = ([[float(x) for x in row] for row in m] for m in (r, c))
+    return table, got, ref, sens
 
 
-def _second_partial_errors(table, got, ref):
-    """Worst ratio per point (at.ratios, condition 1) where the true value and every true
-    second partial are finite (elsewhere a first partial already overflows)."""
+def _second_partial_errors(got, ref, sens):
+    """Worst ratio per point (at.ratios, with the reference's condition where it gives one,
+    else 1) where the true value and every true second partial are finite (elsewhere a
+    first partial already overflows)."""
     judged = np.isfinite(ref).all(axis=(1, 2))
-    r = at.ratios(got, ref, np.zeros_like(ref), "float64").max(axis=(1, 2))
+    r = at.ratios(got, ref, np.nan_to_num(sens), "float64").max(axis=(1, 2))
     return np.where(judged, r, 0.0)
 
 
@@ -349,8 +363,8 @@ def _second_partial_errors(table, got, ref):
 def test_fast_second_partials_against_mpmath(kernel):
     """With _xla.SMALL = 0 (the fast form where it is finite, the exact pass elsewhere),
     every second partial within C ulps of mpmath."""
-    table, got, ref = _second_partials(kernel, small=0)
-    r = _second_partial_errors(table, got, ref)
+    table, got, ref, sens = _second_partials(kernel, small=0)
+    r = _second_partial_errors(got, ref, sens)
     i = int(np.argmax(r))
     assert r[i] <= C["float64"], (
         f"{kernel}: second partials {got[i].ravel()} for {ref[i].ravel()} at "
@@ -362,11 +376,12 @@ def test_fast_second_partials_against_mpmath(kernel):
                    "(f forward over forward, what runs up to _xla.SMALL elements and off the "
                    "fast form's regime) lose all digits at extreme points: binomial 80 grid "
                    "points beyond 1000 ulps (+1.6e-15 for -3.7e-43 at eta = 100), gamma 96 "
-                   "(93.4 for d2/dx drate = -1)")
+                   "(93.4 for d2/dx drate = -1), negative binomial 144 (NaN for -1e300 at "
+                   "mean = 1e-150)")
 @pytest.mark.parametrize("kernel", sorted(SECOND))
 def test_exact_pass_second_partials_against_mpmath(kernel):
-    table, got, ref = _second_partials(kernel, small=2**62)
-    r = _second_partial_errors(table, got, ref)
+    table, got, ref, sens = _second_partials(kernel, small=2**62)
+    r = _second_partial_errors(got, ref, sens)
     assert r.max() <= C["float64"], (_point(table, int(np.argmax(r))), r.max())
 
 
