@@ -61,7 +61,7 @@ import jax.extend.core
 import jax.numpy as jnp
 
 from fusedlp import _checks, _xla
-from fusedlp._vjp import scaled, sum_to_shape
+from fusedlp._vjp import is_zero, scaled, sum_to_shape
 
 __all__ = ("fuse",)
 
@@ -406,7 +406,7 @@ def _second_order_jvp(spec: _Spec, perturbed, outputs, primals, tangents):
     jacrev, vmapped over a basis) is a few multiplies per element, where differentiating
     the forward rule's own code walks f's whole chain back once per basis vector."""
     moved = [j for j, t in enumerate(tangents)
-             if not isinstance(t, jax.custom_derivatives.SymbolicZero) and not spec.nondiff[j]]
+             if not is_zero(t) and not spec.nondiff[j]]
     inner = [i for i, (p, nd) in enumerate(zip(perturbed, spec.nondiff)) if p and not nd]
     if not moved:
         value, grads = out = outputs(*primals)

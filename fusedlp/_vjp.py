@@ -25,3 +25,9 @@ def sum_to_shape(x: jax.Array, shape: tuple[int, ...]) -> jax.Array:
 def scaled(g: jax.Array, partial: jax.Array | None) -> jax.Array | None:
     """Cotangent ``g * partial``; ``None`` (a symbolic zero) passes through."""
     return None if partial is None else g * partial
+
+
+def is_zero(t) -> bool:
+    """Whether a tangent or cotangent is a symbolic zero (None, or jax's ``SymbolicZero``
+    as a rule defined with ``symbolic_zeros=True`` receives it)."""
+    return t is None or isinstance(t, jax.custom_derivatives.SymbolicZero)

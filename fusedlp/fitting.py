@@ -112,6 +112,7 @@ class FitResult(NamedTuple):
     def __repr__(self) -> str:
         if not _checks.is_concrete(self):
             return "FitResult(" + ", ".join(f"{k}={v!r}" for k, v in self._asdict().items()) + ")"
+
         def show(x):
             a = np.asarray(x)
             return repr(a.item()) if a.ndim == 0 else repr(a)

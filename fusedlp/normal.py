@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from fusedlp import _checks, _xla, constraints
-from fusedlp._vjp import scaled, sum_to_shape
+from fusedlp._vjp import is_zero, scaled, sum_to_shape
 
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 
@@ -39,7 +39,6 @@ _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 #
 # Edges: x = +-inf is outside the support (value -inf, zero partials for that element);
 # sigma <= 0, non-finite sigma or mu give NaN; NaN anywhere propagates as NaN.
-
 
 
 def _finite_or_0(x):
@@ -189,12 +188,12 @@ def _in_support_sums_jvp(shape, primals, tangents):
     z2, z1, n_in = out = _in_support_sums(shape, *primals)
     s_inv = 1.0 / s
     zero = jnp.zeros_like(z2)
-    dz2 = zero if _is_zero(ds) else -2.0 * z2 * ds
-    dz1 = zero if _is_zero(ds) else -z1 * ds
-    if not _is_zero(dloc) and loc.size == 1:
+    dz2 = zero if is_zero(ds) else -2.0 * z2 * ds
+    dz1 = zero if is_zero(ds) else -z1 * ds
+    if not is_zero(dloc) and loc.size == 1:
         dz2, dz1 = dz2 - 2.0 * z1 * dloc.reshape(()), dz1 - n_in * dloc.reshape(())
         dloc = None
-    shift = [d for d in (dx, None if _is_zero(dloc) else -dloc) if not _is_zero(d)]
+    shift = [d for d in (dx, None if is_zero(dloc) else -dloc) if not is_zero(d)]
     if shift:  # per-element tangents (an array mu, or x itself): a pass over the data
         o = jnp.broadcast_to(jnp.isinf(x), shape)
         t = jnp.where(o, 0.0, jnp.broadcast_to(sum(shift), shape))
@@ -206,10 +205,6 @@ def _in_support_sums_jvp(shape, primals, tangents):
 
 
 _in_support_sums.defjvp(_in_support_sums_jvp, symbolic_zeros=True)
-
-
-def _is_zero(t):
-    return t is None or isinstance(t, jax.custom_derivatives.SymbolicZero)
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0,))

@@ -29,6 +29,7 @@ from fusedlp._vjp import scaled, sum_to_shape
 # zero partial. lam < 0, lam = inf, eta = +inf or NaN anywhere: NaN. lam = 0 (eta = -inf)
 # is the boundary: k = 0 gives exactly 0 with d/dlam = -1; k > 0 gives -inf, d/dlam = +inf.
 
+
 def _by_stirlerr(normalized: bool, k: jax.Array, pass_fn):
     """``pass_fn(stirlerr)``: a kernel's summed value, given how to form stirlerr(k).
 
