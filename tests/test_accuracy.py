@@ -285,8 +285,9 @@ def test_fast_path_within_the_bound_or_the_exact_passs_error(case):
 
 # ---------------------------------------------------- second partials (fast_second_order)
 # Kernels built with kernel(fast_second_order=True): fusedlp.hessian differentiates their
-# hand-derived fast partials. Their true second partials have closed forms without
-# cancellation (condition 1), evaluated in mpmath at 50 digits.
+# hand-derived fast partials. Their true second partials have closed forms, evaluated in
+# mpmath at 50 digits: without cancellation (condition 1), or, where terms of both signs
+# meet (the negative binomial's), with the sum of their magnitudes as the condition.
 
 
 def _binomial_logit_second(mp, k, n, logit):
