@@ -804,8 +804,9 @@ def kernel(
     ``fast_partials`` differentiate those (forward mode) where the fast form and they are
     finite, instead of running f forward over forward. Only for partials whose derivatives
     are as accurate as they are (tests/test_accuracy.py checks them against mpmath):
-    differentiating an accurate formula can cancel (the negative binomial's
-    (k - mu)/(mu (1 + mu/phi)) at k = 0 and mu = 1e-150 gave -7e133 for 1e-20).
+    differentiating an accurate formula can cancel (the negative binomial's d/dmean in its
+    first form, (k - mu)/(mu (1 + mu/phi)), at k = 0 and mu = 1e-150 gave -7e133 for
+    1e-20; it is now written as two terms whose derivatives have one sign each).
     ``mode``: "jvp" (fuse's rule); for the benchmark, "grad" (reverse mode per element in
     the rule) and "autodiff" (no rule: jnp.sum of vmap(f), plain autodiff).
     """
