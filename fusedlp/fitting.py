@@ -447,7 +447,9 @@ def _newton_loop(cfg: _Settings, params, rtol) -> _LoopState:
         flat = ravel_pytree(s.params)[0]
         # +inf accepts any finite value at the start (the zero step's Armijo test is trivial)
         base = jnp.where(first, jnp.inf, s.loss)
-        halvings = jnp.where(first, 0, _MAX_HALVINGS)
+        # Under vmap the loop runs while any member runs, and a finished member's pass is
+        # discarded: its search stops at once, not after 30 halvings the batch would wait on
+        halvings = jnp.where(first | (s.status != _RUNNING), 0, _MAX_HALVINGS)
         new_flat, trial, moved = _backtrack(loss_flat, flat, base, newton.direction,
                                             newton.decrement2, halvings)
         new_loss = jnp.where(moved | first, trial, s.loss)
