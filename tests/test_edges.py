@@ -827,7 +827,8 @@ def test_vmapped_batch_with_one_edge_member_matches_each_member(kernel, batch, e
     exact pass whole or (a block smaller than a member) in blocks of each member; for members
     below it, whose batch is above it, so that the fast form runs for the batch and the
     exact pass behind it over all members at once or (a block of 25 members) over blocks
-    of whole members and a remainder (fusedlp._xla.blockwise's batching rule)."""
+    of whole members, the last overlapping the one before (fusedlp._xla.blockwise's
+    batching rule)."""
     from fusedlp import _xla
 
     b, n = (64, 40) if batch.startswith("64x40") else (3, 3000)
