@@ -202,12 +202,14 @@ def log1pmx_series(x):
 
     With v = x / (2 + x) (so log1p(x) = 2 atanh(v)):
     log1p(x) - x = -2 v^2 / (1 - v) + 2 v^3 sum_{j>=0} v^(2j) / (2j + 3); no term cancels.
+    The first term is computed as -v^2 (2 + x): 1 - v rounds to 0 from x ~ 1e16 (a blend
+    that masks this form off there would meet 0 * inf).
     """
     v = x / (2.0 + x)
     w = v * v
     terms = 10 if _wide(x.dtype) else 5
     coeffs = tuple(1.0 / (2 * j + 3) for j in range(terms))
-    return -2.0 * w / (1.0 - v) + 2.0 * v * w * _horner(coeffs, w)
+    return -w * (2.0 + x) + 2.0 * v * w * _horner(coeffs, w)
 
 
 def log1pmx(x):

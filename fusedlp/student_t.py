@@ -164,7 +164,11 @@ def _student_t_fast(x, df, loc, scale):
         return 0.5 * (df + 1.0) * jnp.log1p(z * z / df)
 
     def blend(z, df):
-        w = z * z / df
+        # not z^2 / df, whose d/ddf has 1/df^2 (subnormal, flushed, in float32 from
+        # df ~ 1e19), nor z / sqrt(df), which XLA folds into (x - loc) / (scale sqrt(df))
+        # (it overflows at scale = 1e300)
+        u = z * jax.lax.rsqrt(df)
+        w = u * u
         far = _xla.step(w - 0.25)
         h = 0.5 * (df + 1.0)
         return (far * (h * jnp.log1p(w))
@@ -183,22 +187,69 @@ def _student_t_fast(x, df, loc, scale):
 #   d/dscale = (z^2 (nu + 1) / (nu + z^2) - 1) / scale = (z - 1)(z + 1) nu / ((nu + z^2) scale)
 # the last without the cancellation of its first form at |z| = 1. (d/ddf stays forward mode
 # through the accurate pieces of the log-normaliser.)
+#
+# fusedlp.hessian differentiates these (fast_second_order) through their own jvp rules:
+# forward mode through the formulas adds terms that cancel (d/dloc of d/dscale at
+# z = -1e15, df = 1e-3 is 2e-48 from two terms of 2e-18). With r = 1/(nu + z^2) and the
+# totals along each argument (z moves with x, loc and scale) in closed form:
+#   d2/dloc2        = (nu + 1)(z^2 - nu) r^2 / scale^2              (= d2/dx2, -d2/dx dloc)
+#   d2/dloc dscale  = -2 (nu + 1) nu z r^2 / scale^2                (= -d2/dx dscale)
+#   d2/dscale2      = -(nu z^4 + (3 nu + 1) nu z^2 - nu^2) r^2 / scale^2
+#   d2/dloc ddf     = z (z - 1)(z + 1) r^2 / scale
+#   d2/dscale ddf   = (z - 1)(z + 1) z^2 r^2 / scale
+# each a product of bounded factors (z^2 r, nu r, (z - 1)(z + 1) r), so that nothing
+# overflows before the result does; the first and third change sign, and are as accurate
+# as the sum of their terms' magnitudes allows (tests/test_accuracy.py).
+def _t_pieces(x, df, loc, scale):
+    z = _special.ratio(x - loc, scale)
+    r = 1.0 / (df + z * z)
+    return z, r, (z - 1.0) * (z + 1.0) * r, z * z * r, df * r
+
+
+@jax.custom_jvp
 def _t_dloc(x, df, loc, scale):
     z = _special.ratio(x - loc, scale)
     return z * ((df + 1.0) / (df + z * z)) / scale
+
+
+@_t_dloc.defjvp
+def _t_dloc_jvp(primals, tangents):
+    x, df, loc, scale = primals
+    tx, tdf, tloc, tscale = tangents
+    z, r, m, q, s = _t_pieces(*primals)
+    a = (df + 1.0) * r
+    dz = a * ((df - z * z) * r) / scale / scale  # along x; -1 times along loc
+    dscale = -2.0 * a * s * (z / scale) / scale
+    ddf = (z * r) * m / scale
+    return (_t_dloc(*primals),
+            dz * (tx - tloc) + dscale * tscale + ddf * tdf)
 
 
 def _t_dx(x, df, loc, scale):
     return -_t_dloc(x, df, loc, scale)
 
 
+@jax.custom_jvp
 def _t_dscale(x, df, loc, scale):
     z = _special.ratio(x - loc, scale)
     return (z - 1.0) * (z + 1.0) * (df / (df + z * z)) / scale
 
 
+@_t_dscale.defjvp
+def _t_dscale_jvp(primals, tangents):
+    x, df, loc, scale = primals
+    tx, tdf, tloc, tscale = tangents
+    z, r, m, q, s = _t_pieces(*primals)
+    dloc = -2.0 * (df + 1.0) * r * s * (z / scale) / scale  # -1 times along x
+    dscale = -(df * q * q + (3.0 * df + 1.0) * s * q - s * s) / scale / scale
+    ddf = m * q / scale
+    return (_t_dscale(*primals),
+            dloc * (tloc - tx) + dscale * tscale + ddf * tdf)
+
+
 _student_t = kernel(_student_t_element, fast=_student_t_fast, name="student_t_lpdf",
-                    fast_partials={"x": _t_dx, "loc": _t_dloc, "scale": _t_dscale})
+                    fast_partials={"x": _t_dx, "loc": _t_dloc, "scale": _t_dscale},
+                    fast_second_order=True)
 
 
 @constraints.declare(support={"x": constraints.real},
