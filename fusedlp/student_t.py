@@ -201,6 +201,7 @@ def _student_t_fast(x, df, loc, scale):
 # overflows before the result does; the first and third change sign, and are as accurate
 # as the sum of their terms' magnitudes allows (tests/test_accuracy.py).
 def _t_pieces(x, df, loc, scale):
+    """z, r = 1/(df + z^2) and the bounded factors (z - 1)(z + 1) r, z^2 r and df r."""
     z = _special.ratio(x - loc, scale)
     r = 1.0 / (df + z * z)
     return z, r, (z - 1.0) * (z + 1.0) * r, z * z * r, df * r

@@ -557,6 +557,7 @@ def test_a_finished_member_does_not_prolong_a_vmapped_newton_fit():
     # a batched debug callback runs once per member: evaluations of the batch's objective
     assert len(calls) / len(cs) <= sum(single), (len(calls) / len(cs), single)
 
+
 def test_newton_loop_is_traced_once(rng):
     traces = []
 
