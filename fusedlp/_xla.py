@@ -208,17 +208,16 @@ def _in_blocks(fn: Callable, arrays, batched, n: int, size: int):
 
     leaves, tree = jax.tree.flatten(jax.eval_shape(lambda: block(0, size)))
     acc = [jnp.zeros((n, *x.shape[1:]) if x.ndim else (), x.dtype) for x in leaves]
-    if m * size < n and all(x.ndim for x in leaves):
-        # outputs all joined: a last block ending at n rewrites some of the one before with
-        # equal values, so the loop covers the rest without a second copy of ``fn``
-        def each(j, acc):
-            start = jnp.minimum(j * size, n - size)
-            return add(acc, block(start, size), start)
+    # with outputs all joined, a last block ending at n rewrites some of the one before with
+    # equal values, so the loop covers the rest without a second copy of ``fn``
+    overlap = m * size < n and all(x.ndim for x in leaves)
 
-        return jax.tree.unflatten(tree, jax.lax.fori_loop(0, m + 1, each, acc))
-    acc = jax.lax.fori_loop(0, m, lambda j, acc: add(acc, block(j * size, size), j * size),
-                            acc)
-    if m * size < n:
+    def each(j, acc):
+        start = jnp.minimum(j * size, n - size)
+        return add(acc, block(start, size), start)
+
+    acc = jax.lax.fori_loop(0, m + overlap, each, acc)
+    if m * size < n and not overlap:
         acc = add(acc, block(m * size, n - m * size), m * size)
     return jax.tree.unflatten(tree, acc)
 

@@ -201,10 +201,13 @@ def _student_t_fast(x, df, loc, scale):
 # overflows before the result does; the first and third change sign, and are as accurate
 # as the sum of their terms' magnitudes allows (tests/test_accuracy.py).
 def _t_pieces(x, df, loc, scale):
-    """z, r = 1/(df + z^2) and the bounded factors (z - 1)(z + 1) r, z^2 r and df r."""
+    """z, r = 1/(df + z^2), the bounded factors (z - 1)(z + 1) r, z^2 r and df r, and
+    d2/dloc dscale, which both rules below hold."""
     z = _special.ratio(x - loc, scale)
     r = 1.0 / (df + z * z)
-    return z, r, (z - 1.0) * (z + 1.0) * r, z * z * r, df * r
+    s = df * r
+    mixed = -2.0 * ((df + 1.0) * r) * s * (z / scale) / scale
+    return z, r, (z - 1.0) * (z + 1.0) * r, z * z * r, s, mixed
 
 
 @jax.custom_jvp
@@ -217,13 +220,11 @@ def _t_dloc(x, df, loc, scale):
 def _t_dloc_jvp(primals, tangents):
     x, df, loc, scale = primals
     tx, tdf, tloc, tscale = tangents
-    z, r, m, q, s = _t_pieces(*primals)
-    a = (df + 1.0) * r
-    dz = a * ((df - z * z) * r) / scale / scale  # along x; -1 times along loc
-    dscale = -2.0 * a * s * (z / scale) / scale
+    z, r, m, _, _, mixed = _t_pieces(*primals)
+    dz = (df + 1.0) * r * ((df - z * z) * r) / scale / scale  # along x; -1 times along loc
     ddf = (z * r) * m / scale
     return (_t_dloc(*primals),
-            dz * (tx - tloc) + dscale * tscale + ddf * tdf)
+            dz * (tx - tloc) + mixed * tscale + ddf * tdf)
 
 
 def _t_dx(x, df, loc, scale):
@@ -240,12 +241,11 @@ def _t_dscale(x, df, loc, scale):
 def _t_dscale_jvp(primals, tangents):
     x, df, loc, scale = primals
     tx, tdf, tloc, tscale = tangents
-    z, r, m, q, s = _t_pieces(*primals)
-    dloc = -2.0 * (df + 1.0) * r * s * (z / scale) / scale  # -1 times along x
+    _, _, m, q, s, mixed = _t_pieces(*primals)
     dscale = -(df * q * q + (3.0 * df + 1.0) * s * q - s * s) / scale / scale
     ddf = m * q / scale
     return (_t_dscale(*primals),
-            dloc * (tloc - tx) + dscale * tscale + ddf * tdf)
+            mixed * (tloc - tx) + dscale * tscale + ddf * tdf)
 
 
 _student_t = kernel(_student_t_element, fast=_student_t_fast, name="student_t_lpdf",

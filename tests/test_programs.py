@@ -259,11 +259,7 @@ def test_nested_vmap_keeps_one_verdict_for_the_whole_batch(name, rng):
     """Under a vmap of vmaps the fast form's verdict is still one for the whole batch
     (fusedlp._xla.batch_all reduces at every level), so its lax.cond stays a cond: a
     batched predicate would make it a select that runs the exact pass too, every call."""
-    kernel = {
-        "poisson_log": lambda e, k: fusedlp.poisson_log_lpmf(k, e),
-        "negative_binomial": lambda m, k: fusedlp.negative_binomial_lpmf(k, m, 2.5),
-        "gamma": lambda b, k: fusedlp.gamma_lpdf(k + 0.5, 2.5, b),
-    }[name]
+    kernel = _KERNELS_OF_DATA[name]
     k = rng.poisson(3.0, (4, 128, 40)).astype(np.float64)
     p = np.full(k.shape, 1.5)
     flat = str(jax.make_jaxpr(jax.vmap(jax.value_and_grad(kernel)))(p.reshape(512, 40),
