@@ -16,6 +16,7 @@ import gc
 import math
 import os
 import platform
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
@@ -65,7 +66,8 @@ def _git_commit() -> str | None:
                              capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() or None
+    # a copy without .git (a lent GPU machine gets the working tree alone) names its commit
+    return out.stdout.strip() or os.environ.get("FUSEDLP_COMMIT") or None
 
 
 def _cpu_flags() -> list[str]:
@@ -107,6 +109,8 @@ def machine_info() -> dict:
         "fusedlp_commit": _git_commit(),
         "load_average_1_5_15min": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
     }
+    if jax.default_backend() != "cpu":
+        info["accelerator"] = _accelerator_info()
     try:
         import numba
 
@@ -114,6 +118,34 @@ def machine_info() -> dict:
         info["numba_svml"] = bool(numba.config.USING_SVML)
     except ImportError:  # pragma: no cover - numba is a bench dependency
         info["numba"] = None
+    return info
+
+
+def _accelerator_info() -> dict:
+    """The default device's kind, driver and CUDA versions, and jax's plugin versions."""
+    import subprocess
+    from importlib import metadata
+
+    dev = jax.devices()[0]
+    info = {"device_kind": getattr(dev, "device_kind", str(dev)), "platform": dev.platform,
+            "device_count": jax.device_count()}
+    for name in ("jax-cuda13-plugin", "jax-cuda13-pjrt", "jax-cuda12-plugin",
+                 "jax-cuda12-pjrt"):
+        try:
+            info[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
+                              "--format=csv,noheader"], capture_output=True, text=True,
+                             timeout=30).stdout.strip()
+        info["nvidia_smi"] = smi
+        head = subprocess.run(["nvidia-smi"], capture_output=True, text=True,
+                              timeout=30).stdout
+        found = re.search(r"CUDA Version:\s*([\d.]+)", head)
+        info["cuda_version_of_driver"] = found.group(1) if found else None
+    except (OSError, subprocess.SubprocessError):
+        pass
     return info
 
 

@@ -341,11 +341,18 @@ def add_arguments(p) -> None:
                    help="comma-separated subset of kernel names (default: all)")
     p.add_argument("--json", default=DEFAULT_JSON, metavar="PATH",
                    help="where to write the JSON results (default: bench/results/contexts.json)")
+    p.add_argument("--layout", choices=("auto", "cpu", "plain"), default="auto",
+                   help="the kernels' layouts: chosen by the backend (auto), XLA:CPU's (cpu) "
+                        "or the exact pass alone (plain)")
 
 
 def main(args) -> int:
     jax.config.update("jax_enable_x64", True)
     jax.config.update("jax_cpu_enable_async_dispatch", False)
+    import fusedlp._xla
+
+    fusedlp._xla.LAYOUT = None if args.layout == "auto" else args.layout
+    layouts = "cpu" if fusedlp._xla.cpu_layouts() else "plain"
     sizes = [10_000] if args.quick else [int(float(s)) for s in args.sizes.split(",")]
     cfg = ({"min_repeats": 3, "min_total": 0.02, "max_total": 0.2} if args.quick else
            {"min_repeats": 15, "min_total": 0.3, "max_total": 3.0})
@@ -358,8 +365,11 @@ def main(args) -> int:
     wall = time.perf_counter() - t_start
     targets = evaluate_targets(rows, numpyro)
     print("## fusedlp in every calling context\n")
-    print(f"{machine['date']}: {machine['cpu_model']}, {machine['cpu_count']} cores; jax "
-          f"{machine['jax']} ({machine['backend']}), float64. Wall time {wall:.0f} s.\n")
+    where = machine.get("accelerator", {}).get("device_kind") or (
+        f"{machine['cpu_model']}, {machine['cpu_count']} cores")
+    print(f"{machine['date']}: {where}; jax "
+          f"{machine['jax']} ({machine['backend']}), float64, fusedlp's {layouts} layouts. "
+          f"Wall time {wall:.0f} s.\n")
     print("Value and gradient, baseline time / fusedlp time (above 1, fusedlp is faster); "
           "the baseline is autodiff of the named jax.scipy.stats density (of the plain "
           "formula for normalized=False). Contexts: data as jit arguments with int32 / int64 "
@@ -375,7 +385,7 @@ def main(args) -> int:
     if args.json:
         _timing.write_json(args.json, {
             "benchmark": "fusedlp contexts", "machine": machine,
-            "config": {"sizes": sizes, **cfg, "quick": args.quick},
+            "config": {"sizes": sizes, **cfg, "quick": args.quick, "layouts": layouts},
             "method": ("jit, AOT lower+compile; per context, fusedlp and the baseline timed "
                        "round-robin in a random order each round; median per-call seconds"),
             "rows": rows, "numpyro": numpyro, "targets": targets}, wall)

@@ -20,6 +20,9 @@ SIZES = (10**4, 10**6, 10**7)
 # the order of the sections, and the file each one reads
 SECTIONS = ("studies", "kernels", "contexts", "hessian", "fuse", "fit", "sharding",
             "workloads")
+# the same benchmarks run on a GPU (docs/gpu.md), each in gpu_NAME.json; not in SECTIONS,
+# which the CPU performance page shows whole
+GPU_SECTIONS = ("gpu_throughput", "gpu_contexts", "gpu_workloads")
 
 
 def add_arguments(p) -> None:
@@ -27,8 +30,9 @@ def add_arguments(p) -> None:
                    help="folder holding the benchmarks' JSON files (default: bench/results, "
                         "where the benchmarks write them; docs/results holds the committed "
                         "ones)")
-    p.add_argument("--section", action="append", choices=SECTIONS, metavar="NAME",
-                   help=f"print only this section (repeatable; one of {', '.join(SECTIONS)})")
+    p.add_argument("--section", action="append", choices=SECTIONS + GPU_SECTIONS,
+                   metavar="NAME", help="print only this section (repeatable; one of "
+                                        f"{', '.join(SECTIONS + GPU_SECTIONS)})")
 
 
 def machine_line(doc: dict) -> str:
@@ -37,6 +41,14 @@ def machine_line(doc: dict) -> str:
     load = m.get("load_average_1_5_15min")
     parts = [f"Measured {m['date'][:10]} on {m['cpu_model']} ({m['cpu_count']} cores, "
              f"{m['platform']})", f"jax {m['jax']} ({m['backend']})"]
+    acc = m.get("accelerator")
+    if acc:
+        plugin = next((f"{k} {v}" for k, v in acc.items() if k.startswith("jax-cuda")), None)
+        parts[0] = (f"Measured {m['date'][:10]} on an {acc['device_kind']} (nvidia-smi: "
+                    f"{acc.get('nvidia_smi', 'n/a')}; driver's CUDA "
+                    f"{acc.get('cuda_version_of_driver', 'n/a')}), host {m['cpu_model']} "
+                    f"({m['cpu_count']} cores)")
+        parts[1] += f", {plugin}" if plugin else ""
     if m.get("numba"):
         parts.append(f"numba {m['numba']}")
     if m.get("fusedlp_commit"):
@@ -93,11 +105,12 @@ def section(name: str, doc: dict) -> str:
             "for `jax.grad` alone); fused / numba below 1: fusedlp is faster. For the "
             "log-rate Poisson, autodiff differentiates `poisson.logpmf(k, exp(eta))`.",
             machine_line(doc), kernels_table(doc)])
-    if name == "contexts":
+    if name in ("contexts", "gpu_contexts"):
         from bench import contexts
 
         return "\n\n".join([
-            "### Every calling context (`python -m bench contexts`)",
+            "### Every calling context (`python -m bench contexts`)" if name == "contexts"
+            else "### Every calling context, on the GPU (`python -m bench contexts`)",
             "Value and gradient, float64: the baseline's time / fusedlp's time (above 1, fusedlp "
             "is faster), the baseline being autodiff of the named `jax.scipy.stats` density "
             "(of the plain formula for `normalized=False`). Contexts: data as `jit` arguments "
@@ -147,11 +160,23 @@ def section(name: str, doc: dict) -> str:
             "share the machine's cores, so the check is that sharding adds no data movement "
             "(the collectives column), not a speed-up.",
             machine_line(doc), _sharding_table(doc["results"])])
-    if name == "workloads":
+    if name == "gpu_throughput":
+        from bench.sharding import throughput_table
+
+        res = doc["results"]
+        return "\n\n".join([
+            "### Bandwidth on the GPU (`python -m bench sharding --throughput`)",
+            "Value and gradient with respect to the N-vector (`loc` of the normal, `eta` of "
+            "the log-rate Poisson, int32 counts), fusedlp against `jax.value_and_grad` of the "
+            "plain formula, data generated on the device.", machine_line(doc),
+            throughput_table(res, doc.get("copy_bandwidth", {}),
+                             res[0]["peak_gbps"] if res else None)])
+    if name in ("workloads", "gpu_workloads"):
         from bench import workloads
 
         return "\n\n".join([
-            "### Whole jobs (`python -m bench workloads`)",
+            "### Whole jobs (`python -m bench workloads`)" if name == "workloads"
+            else "### Whole jobs, on the GPU (`python -m bench workloads`)",
             "Each job timed from start to finish (fit, then its standard errors or summary) "
             "against what a user would otherwise run. fusedlp warm: the median of repeated "
             "calls of the compiled job; compile: the one-off lower + compile; cold: their sum. "

@@ -247,7 +247,7 @@ def _written_value(spec: _Spec, flat, batched, shape, dtype) -> bool:
     """Whether the value (alone, no gradient) is summed from written terms (see _layout)."""
     n = math.prod(shape)
     layout, limit = _layout(spec, flat, batched)
-    if spec.mode != "jvp" or n <= min(limit, _xla.SMALL):
+    if spec.mode != "jvp" or _xla.below(n, min(limit, _xla.SMALL)):
         return False
     if layout == "exact":
         return jnp.dtype(dtype).itemsize < 8 or n > _xla.DIRECT_MAX
@@ -431,7 +431,7 @@ def _second_order_jvp(spec: _Spec, perturbed, outputs, primals, tangents):
         # twice through the fast form itself compiled slower than it ran faster.
         fast = functools.partial(_second_partials, _fast_spec(spec), moved, wanted, False)
         value, ds, pushed = _xla.fast_or_exact(math.prod(shape), _plus_offset(spec, fast),
-                                               exact, *primals)
+                                               exact, *primals, accurate=True)
     else:
         value, ds, pushed = exact(*primals)
     along = dict(zip(moved, (h for _, h in pushed)))
@@ -594,7 +594,7 @@ def _fused_fwd_plain(spec: _Spec, *args, force_exact: bool = False):
         exact, exact_column = _nans_like(fast), lambda i: _nans_like(column(i, False))
 
     layout, limit = _layout(spec, flat, batched)
-    if force_exact or math.prod(shape) <= limit:
+    if force_exact or _xla.below(math.prod(shape), limit):
         value, ds = _exact_terms(spec, idx, batched, dtype, *flat)
         grads = folded(ds)
     elif layout == "columns":
@@ -871,7 +871,7 @@ def kernel(
         if fast_elem is not None and data_term is not None:
             term = functools.partial(data_term, **options) if options else data_term
             pos = sorted(data_idx)
-            if mode == "jvp" and math.prod(shape) > _xla.SMALL:  # where the fast form runs
+            if mode == "jvp" and not _xla.below(math.prod(shape), _xla.SMALL):  # the fast form runs
                 offset = _data_offset(term, [values[i] for i in pos], dt, shape)
             if offset is None:
                 fast_elem = _with_data_term(fast_elem, term, pos)

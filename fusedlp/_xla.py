@@ -7,6 +7,10 @@ slower (docs/performance.md has the measurements). So a kernel's common path is 
 without selects, and everything a select would decide (edges, invalid parameters, corner
 regimes where the fast form loses accuracy) is made to show up as a non-finite sum; only
 then a second, exact pass with selects runs (`fast_or_exact`).
+
+These layouts are XLA:CPU's. Elsewhere (a GPU: `LAYOUT`) each kernel runs its exact pass
+alone: on a GPU the select-laden pass is no slower, and the fast pass with its lax.cond and
+the loop over blocks measured slower (docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -36,6 +40,26 @@ SMALL_POISSON_TABLE = 128
 DIRECT_MAX = 2**20
 # the exact pass behind a fast one runs over blocks of this many elements (`blockwise`)
 BLOCK = 65536
+
+# Which layouts a trace uses: "cpu" (the select-free fast passes, fences, blocks and size
+# thresholds of this module, chosen and measured on XLA:CPU), "plain" (every kernel's exact
+# pass alone: no lax.cond, no loop over blocks; faster on a GPU, docs/gpu.md), or None: "cpu"
+# where the default backend is the CPU, else "plain". Read when a kernel is traced, and jax
+# keeps traces: a change takes effect for new traces only (jax.clear_caches()).
+LAYOUT: str | None = None
+
+
+def cpu_layouts() -> bool:
+    """Whether the kernel being traced uses the XLA:CPU layouts (see `LAYOUT`)."""
+    if LAYOUT is not None:
+        return LAYOUT == "cpu"
+    return jax.default_backend() == "cpu"
+
+
+def below(n: float, threshold: float) -> bool:
+    """Whether a pass of ``n`` elements runs as the exact pass alone: up to ``threshold``
+    elements under the XLA:CPU layouts, at every size under the plain ones."""
+    return n <= threshold or not cpu_layouts()
 
 
 def nan_unless_nonneg(a):
@@ -86,9 +110,9 @@ def fenced(fn: Callable, shapes, *arrays):
     constant), or XLA folds the fence away.
     """
     first = jax.tree.leaves(arrays)[0]
-    if first.size == 0 or split_sharding(first) is not None:
+    if first.size == 0 or split_sharding(first) is not None or not cpu_layouts():
         # nothing to fence; or split over mesh axes: no single element to probe (jax
-        # refuses the slice), and each device runs its own block anyway
+        # refuses the slice), and each device runs its own block anyway; or not on XLA:CPU
         return fn(*arrays)
     if any(_varying(a) for a in jax.tree.leaves(arrays)):
         # in a shard_map: the zeros must vary over the mesh axes as fn's outputs do, which
@@ -165,7 +189,7 @@ def blockwise(fn: Callable, flat, batched):
     the batching rule of a `jax.custom_batching.custom_vmap`).
     """
     n = next(a.shape[0] for a, b in zip(flat, batched) if b)
-    if jax.device_count() > 1:
+    if jax.device_count() > 1 or not cpu_layouts():
         return fn(*flat)
     if n // BLOCK >= 2:
         return _in_blocks(fn, flat, batched, n, _block_size(n))
@@ -223,7 +247,7 @@ def _in_blocks(fn: Callable, arrays, batched, n: int, size: int):
 
 
 def fast_or_exact(n: int, fast: Callable, exact: Callable, *arrays,
-                  exact_blocks: Callable | None = None):
+                  exact_blocks: Callable | None = None, accurate: bool = False):
     """``fast(*arrays)`` if all its outputs are finite, else ``exact(*arrays)`` (a lax.cond).
 
     ``fast`` is the select-free common path (a summed value and its partials): it must give
@@ -246,6 +270,10 @@ def fast_or_exact(n: int, fast: Callable, exact: Callable, *arrays,
     ``exact_blocks``, if given, is ``exact`` computed by `blockwise`: the pass the primal
     program runs when the fast one fails (its temporaries block-sized). The derivatives
     stay those of ``exact`` itself.
+
+    Off the XLA:CPU layouts (`LAYOUT`) ``exact`` runs alone, unless ``accurate`` says that
+    ``fast`` is also the more accurate of the two (the hand partials' second derivatives):
+    then the choice is made as on XLA:CPU.
     """
     def finite(out):
         total = jax.lax.stop_gradient(sum(jnp.sum(leaf) for leaf in jax.tree.leaves(out)))
@@ -255,7 +283,9 @@ def fast_or_exact(n: int, fast: Callable, exact: Callable, *arrays,
         out = fast(*a)
         return jax.lax.cond(finite(out), lambda: out, lambda: (exact_blocks or exact)(*a))
 
-    if n > SMALL:
+    if not (cpu_layouts() or accurate):
+        chosen = exact
+    elif n > SMALL:
         chosen = fast_then_exact
     else:
         @custom_batching.custom_vmap
@@ -267,7 +297,8 @@ def fast_or_exact(n: int, fast: Callable, exact: Callable, *arrays,
             # a batch of small problems is one large pass: the threshold counts all of it
             total = n * axis_size
             each = (functools.partial(fast_or_exact, total, fast, exact,
-                                      exact_blocks=exact_blocks) if total > SMALL else exact)
+                                      exact_blocks=exact_blocks, accurate=accurate)
+                    if total > SMALL else exact)
             out = over_members(each, in_batched)(*a)
             return out, all_batched(out)
 

@@ -96,7 +96,7 @@ def _z_sum_squares(x, loc, s, shape):
 
     if loc.size == 1:
         return sum_sq(False)
-    if math.prod(shape) <= _xla.SMALL_NORMAL:
+    if _xla.below(math.prod(shape), _xla.SMALL_NORMAL):
         return sum_sq(True)
     z2 = sum_sq(False)
     return jax.lax.cond(jnp.isfinite(z2), lambda _: z2, lambda _: sum_sq(True), None)
@@ -170,7 +170,7 @@ def _in_support_sums(shape, z2, x, loc, s):
         return _xla.blockwise(sums, flat, [a.ndim == 1 for a in flat])
 
     fast = lambda _: (z2, z1, jnp.asarray(n, z2.dtype))  # noqa: E731
-    if n <= _xla.SMALL_NORMAL:
+    if _xla.below(n, _xla.SMALL_NORMAL):
         return sums(jnp.broadcast_to(x, shape), loc)
     return jax.lax.cond(jnp.isfinite(z2), fast, exact, None)
 

@@ -45,7 +45,7 @@ def _by_stirlerr(normalized: bool, k: jax.Array, pass_fn):
     """
     if not normalized:
         return pass_fn(None)
-    if k.size <= _xla.SMALL_POISSON_TABLE:
+    if _xla.below(k.size, _xla.SMALL_POISSON_TABLE):
         return pass_fn(_special.stirlerr_int)
     few = _xla.batch_all(jnp.max(k, initial=0) < _special.STIRLERR_TABLE_SIZE)
     return jax.lax.cond(few, lambda: pass_fn(_special.stirlerr_table),

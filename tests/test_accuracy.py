@@ -77,9 +77,29 @@ KNOWN_MISSES = {
 }
 
 
+# Off the CPU (measured on an NVIDIA H100, jax 0.11.2, docs/gpu.md): cells that XLA:CPU's
+# flushing of subnormals makes miss pass there, and one that misses there alone.
+PASS_OFF_CPU = {("gamma_lpdf", "float64", "x"), ("student_t_lpdf", "float32", "x"),
+                ("student_t_lpdf", "float32", "loc")}
+MISSES_OFF_CPU = {
+    ("student_t_lpdf", "float64", "value"): "on an H100: 11.8 eps * cond (bound 8) at x = loc "
+                                            "= 3e8, df = 1e-8, scale = 1e-5, where XLA:CPU is "
+                                            "within the bound (the device's log and lgamma)",
+}
+
+
+def _miss(case) -> str | None:
+    """Why ``case`` misses the bound on this backend, or None where it is within it."""
+    if jax.default_backend() == "cpu":
+        return KNOWN_MISSES.get(case)
+    if case in PASS_OFF_CPU:
+        return None
+    return KNOWN_MISSES.get(case) or MISSES_OFF_CPU.get(case)
+
+
 def _cases(cases):
-    return [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=KNOWN_MISSES[c]))
-            if c in KNOWN_MISSES else c for c in cases]
+    return [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=_miss(c)))
+            if _miss(c) else c for c in cases]
 
 
 CASES = [(k, d) for k in KERNELS for d in at.DTYPES]
@@ -376,7 +396,17 @@ def _second_partial_errors(got, ref, sens):
     return np.where(judged, r, 0.0)
 
 
-@pytest.mark.parametrize("kernel", sorted(SECOND))
+# measured on an NVIDIA H100 (jax 0.11.2, docs/gpu.md); within the bound on XLA:CPU
+_SECOND_MISSES_OFF_CPU = {
+    "negative_binomial_lpmf": "on an H100: NaN for 0 at k = 1, mean = 1e300, concentration "
+                              "= 1e-8 (6 grid points, mean and concentration 308 decades apart)",
+}
+
+
+@pytest.mark.parametrize("kernel", [
+    pytest.param(k, marks=pytest.mark.xfail(strict=True, reason=_SECOND_MISSES_OFF_CPU[k]))
+    if jax.default_backend() != "cpu" and k in _SECOND_MISSES_OFF_CPU else k
+    for k in sorted(SECOND)])
 def test_fast_second_partials_against_mpmath(kernel):
     """With _xla.SMALL = 0 (the fast form where it is finite, the exact pass elsewhere),
     every second partial within C ulps of mpmath."""

@@ -10,6 +10,10 @@ or a jax upgrade; see fusedlp._xla for why each promise matters on XLA:CPU.
   are spelled apart so that XLA does not share (and write out) one array for both.
 * With scalar ``loc`` and ``scale`` its value, gradient and Hessian write no N-sized array:
   every partial is a reduction, and the second partials are arithmetic on those sums.
+
+These layouts are XLA:CPU's, and so are the optimised programs asserted on: off the CPU
+(fusedlp._xla.LAYOUT) a kernel is its exact pass alone, one fusion with no lax.cond and no
+loop over blocks, which the last tests here assert on every backend.
 """
 
 from __future__ import annotations
@@ -25,6 +29,11 @@ import fusedlp
 from fusedlp import _special, binomial, gamma, negative_binomial, poisson, student_t
 
 N = 4099  # a size no other array in these programs has
+
+# the XLA:CPU layouts, asserted on XLA:CPU's optimised programs
+on_cpu = pytest.mark.skipif(jax.default_backend() != "cpu",
+                            reason="asserts XLA:CPU's layouts and programs; other backends "
+                                   "use the plain layout (test_plain_layout_*)")
 
 
 def _optimised_hlo(fn, *args) -> str:
@@ -75,6 +84,7 @@ def _fast_sums(rng):
 
 @pytest.mark.parametrize("name", ["bd0", "stirlerr_int", "poisson", "poisson_log", "gamma",
                                   "student_t", "negative_binomial", "binomial_logit"])
+@on_cpu
 @pytest.mark.parametrize("order", ["value", "value_and_grad"])
 def test_fast_forms_hold_no_per_element_select(name, order, rng):
     f, p = _fast_sums(rng)[name]
@@ -83,6 +93,7 @@ def test_fast_forms_hold_no_per_element_select(name, order, rng):
     assert not found, f"{name} {order}: per-element select/clamp/gather:\n" + "\n".join(found)
 
 
+@on_cpu
 def test_the_check_sees_a_per_element_select(rng):
     """The HLO check above can fail: a jnp.where over the elements is found."""
     x = _data(rng)["x"]
@@ -97,6 +108,7 @@ def _arrays_written(fn, *args, n: int) -> int:
     return sum(1 for line in hlo.splitlines() if pattern.search(line))
 
 
+@on_cpu
 def test_normal_value_and_gradient_writes_only_the_gradient(rng):
     """Vector loc, scalar scale, N above the normal kernel's small-size threshold, data as
     jit arguments: the one N-sized array written is the gradient. Spelling the value's
@@ -106,6 +118,7 @@ def test_normal_value_and_gradient_writes_only_the_gradient(rng):
     assert _arrays_written(fn, np.zeros(n), rng.normal(size=n), n=n) == 1
 
 
+@on_cpu
 def test_the_count_sees_a_shared_array(rng):
     """The count above can fail: an array shared by a reduction and an output is written."""
     n = 100_003
@@ -117,6 +130,7 @@ def test_the_count_sees_a_shared_array(rng):
     assert _arrays_written(f, rng.normal(size=n), n=n) >= 1
 
 
+@on_cpu
 @pytest.mark.parametrize("argnums", [(1,), (2,), (1, 2)])
 def test_normal_with_scalar_parameters_writes_no_array(argnums, rng):
     """Scalar loc and scale: every partial is a reduction, so no N-sized array at all. The
@@ -127,6 +141,7 @@ def test_normal_with_scalar_parameters_writes_no_array(argnums, rng):
     assert _arrays_written(fn, *args, n=BLOCKS_N) == 0
 
 
+@on_cpu
 @pytest.mark.parametrize("wrt", ["loc_and_scale", "scale"])
 def test_normal_hessian_in_scalar_parameters_writes_no_array(wrt, rng):
     """fusedlp.hessian in scalar parameters: the second partials are arithmetic on the sums
@@ -159,6 +174,7 @@ def _vector_parameter_kernels(rng, n):
 
 @pytest.mark.parametrize("name", ["gamma", "student_t", "negative_binomial", "binomial_logit",
                                   "poisson", "poisson_log"])
+@on_cpu
 def test_fast_form_kernels_keep_temporaries_block_sized(name, rng):
     """Value and gradient in a vector parameter at N = 8 blocks: the exact pass behind the
     fast form runs over blocks (fusedlp._xla.blockwise), as do the long values of the
@@ -169,6 +185,7 @@ def test_fast_form_kernels_keep_temporaries_block_sized(name, rng):
     assert _temporaries(fn, np.full(BLOCKS_N, 1.5), n=BLOCKS_N) < 4.5
 
 
+@on_cpu
 @pytest.mark.parametrize("counts", [np.int32, np.float64])
 @pytest.mark.parametrize("name", ["poisson", "poisson_log"])
 def test_poisson_fast_value_is_summed_over_blocks(name, counts, rng):
@@ -185,6 +202,7 @@ def test_poisson_fast_value_is_summed_over_blocks(name, counts, rng):
     assert _temporaries(fn, np.full(BLOCKS_N, 0.5), k, n=BLOCKS_N) < 3.0
 
 
+@on_cpu
 def test_the_temporaries_check_sees_a_whole_exact_pass(rng, monkeypatch):
     """The bound above can fail: with blocks larger than N, the exact pass is whole."""
     from fusedlp import _xla
@@ -197,6 +215,7 @@ def test_the_temporaries_check_sees_a_whole_exact_pass(rng, monkeypatch):
 @pytest.mark.parametrize("members", [512, 65536], ids=["1024x512", "8x65536"])
 @pytest.mark.parametrize("name", ["gamma", "student_t", "negative_binomial", "binomial_logit",
                                   "poisson", "poisson_log"])
+@on_cpu
 def test_vmapped_batch_of_small_problems_keeps_the_large_layout(name, members, rng):
     """The 8 blocks of elements above as a vmapped batch of problems, each too small for
     the fast form (512 elements) or for blocks of its own (65536): the batch as a whole is
@@ -235,6 +254,7 @@ def _program_lines(fn, shape) -> int:
     return len(jax.jit(fn).lower(np.full(shape, 1.5), np.ones(shape)).as_text().splitlines())
 
 
+@on_cpu
 @pytest.mark.parametrize("name", list(_KERNELS_OF_DATA))
 def test_exact_pass_in_blocks_is_one_copy_in_the_program(name, monkeypatch):
     """fusedlp._xla.blockwise leaves no remainder block, whose pass of another shape would
@@ -254,6 +274,7 @@ def test_exact_pass_in_blocks_is_one_copy_in_the_program(name, monkeypatch):
     assert _program_lines(one, (3001,)) > 1.2 * whole
 
 
+@on_cpu
 @pytest.mark.parametrize("name", ["poisson_log", "negative_binomial", "gamma"])
 def test_nested_vmap_keeps_one_verdict_for_the_whole_batch(name, rng):
     """Under a vmap of vmaps the fast form's verdict is still one for the whole batch
@@ -306,11 +327,13 @@ def _ops_per_basis_vector(hlo: str) -> int:
 
 @pytest.mark.parametrize("name", ["negative_binomial", "gamma", "gamma_shape", "student_t",
                                   "binomial_logit", "bernoulli_logit"])
+@on_cpu
 def test_fused_hessian_forms_second_partials_once(name, rng):
     """Per basis vector and element, a few products (the chain of f holds hundreds)."""
     assert _ops_per_basis_vector(_optimised_hlo(*_glm_hessian(name, rng))) < 40
 
 
+@on_cpu
 def test_the_basis_vector_count_sees_an_unfenced_chain(rng, monkeypatch):
     """The bound above can fail: without the fence, f's chain is formed per basis vector (the
     gamma in its shape, which has no hand partial: its Hessian runs f forward over forward,
@@ -319,3 +342,70 @@ def test_the_basis_vector_count_sees_an_unfenced_chain(rng, monkeypatch):
 
     monkeypatch.setattr(_xla, "fenced", lambda fn, shapes, *arrays: fn(*arrays))
     assert _ops_per_basis_vector(_optimised_hlo(*_glm_hessian("gamma_shape", rng))) > 40
+
+
+_PLAIN_KERNELS = {"normal": lambda m, k: fusedlp.normal_lpdf(k, m, 1.3), **_KERNELS_OF_DATA}
+
+
+@pytest.fixture
+def layout():
+    """``layout(name)`` sets fusedlp._xla.LAYOUT; jax's caches are cleared with each change
+    (the kernels' inner jitted pieces cache traces made under the layout before), and the
+    backend's own layout is back after the test."""
+    from fusedlp import _xla
+
+    def use(name):
+        _xla.LAYOUT = name
+        jax.clear_caches()
+
+    yield use
+    use(None)
+
+
+def _lowered(fn, shape):
+    counts = np.arange(np.prod(shape), dtype=np.float64).reshape(shape) % 7
+    return jax.jit(fn).lower(np.full(shape, 1.5), counts).as_text()
+
+
+@pytest.mark.parametrize("name", list(_PLAIN_KERNELS))
+def test_plain_layout_is_the_exact_pass_alone(name, layout):
+    """Off XLA:CPU a kernel's value-and-gradient is its exact pass alone: no lax.cond, whose
+    predicate a GPU sends to the host on every call, and no loop over blocks (docs/gpu.md),
+    for a single problem and a vmapped batch, large enough for every XLA:CPU layout to
+    show. The XLA:CPU layout of the single problem holds both: the check can fail."""
+    n = 3 * 65536
+
+    def control_flow(text):
+        return [op for op in ("stablehlo.case", "stablehlo.if", "stablehlo.while")
+                if op in text]
+
+    layout("plain")
+    vg = jax.value_and_grad(_PLAIN_KERNELS[name])
+    assert control_flow(_lowered(vg, n)) == []
+    assert control_flow(_lowered(jax.vmap(vg), (64, n // 64))) == []
+    layout("cpu")
+    vg = jax.value_and_grad(_PLAIN_KERNELS[name])
+    assert control_flow(_lowered(vg, n)) != []
+
+
+@pytest.mark.parametrize("name", list(_PLAIN_KERNELS))
+def test_plain_layout_gives_the_numbers_of_the_cpu_layouts(name, layout, rng):
+    """The plain layout computes the same value and gradient, and the same edge rules (a
+    NaN parameter, a count off the support), as the XLA:CPU layouts."""
+    n = 3 * 65536
+    k = rng.poisson(3.0, n).astype(np.float64)
+    param = rng.uniform(0.5, 2.0, n)
+    cases = {"common": (param, k), "nan parameter": (param.copy(), k),
+             "off the support": (param, k.copy())}
+    cases["nan parameter"][0][5] = np.nan
+    cases["off the support"][1][7] = -1.0
+    got = {}
+    for name_of_layout in ("plain", "cpu"):
+        layout(name_of_layout)
+        vg = jax.jit(jax.value_and_grad(_PLAIN_KERNELS[name]))
+        got[name_of_layout] = {case: [np.asarray(a) for a in vg(*args)]
+                               for case, args in cases.items()}
+    for case in cases:
+        for a, b in zip(got["plain"][case], got["cpu"][case]):
+            np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12, equal_nan=True,
+                                       err_msg=f"{name}, {case}")
