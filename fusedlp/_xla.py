@@ -9,8 +9,9 @@ regimes where the fast form loses accuracy) is made to show up as a non-finite s
 then a second, exact pass with selects runs (`fast_or_exact`).
 
 These layouts are XLA:CPU's. Elsewhere (a GPU: `LAYOUT`) each kernel runs its exact pass
-alone: on a GPU the select-laden pass is no slower, and the fast pass with its lax.cond and
-the loop over blocks measured slower (docs/gpu.md).
+alone: on an H100 that measured as fast or faster at N = 10^7, where the XLA:CPU layouts
+were 1.4-4.6x slower for the Poisson kernel (docs/gpu.md). The price: the exact pass's
+misses at extreme points (tests/test_accuracy.py) then hold at every size.
 """
 
 from __future__ import annotations
@@ -44,13 +45,16 @@ BLOCK = 65536
 # Which layouts a trace uses: "cpu" (the select-free fast passes, fences, blocks and size
 # thresholds of this module, chosen and measured on XLA:CPU), "plain" (every kernel's exact
 # pass alone: no lax.cond, no loop over blocks; faster on a GPU, docs/gpu.md), or None: "cpu"
-# where the default backend is the CPU, else "plain". Read when a kernel is traced, and jax
-# keeps traces: a change takes effect for new traces only (jax.clear_caches()).
+# where the default backend is the CPU, else "plain" (the default backend, not the device a
+# computation is placed on). Read when a kernel is traced, and jax keeps traces: a change
+# takes effect for new traces only (jax.clear_caches()).
 LAYOUT: str | None = None
 
 
 def cpu_layouts() -> bool:
     """Whether the kernel being traced uses the XLA:CPU layouts (see `LAYOUT`)."""
+    if LAYOUT not in (None, "cpu", "plain"):
+        raise ValueError(f"fusedlp._xla.LAYOUT must be None, 'cpu' or 'plain', not {LAYOUT!r}")
     if LAYOUT is not None:
         return LAYOUT == "cpu"
     return jax.default_backend() == "cpu"

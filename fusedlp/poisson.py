@@ -399,9 +399,10 @@ def _data_sum(normalized, k, dtype, shape):
     ``jax.jit(lambda p: loglik(p, data))`` or NumPyro's MCMC), Loader's data-only part,
     sum over k > 0 of stirlerr(k) + log(2 pi k) / 2, computed once, now, instead of in
     every call; each count counted as often as broadcasting against the parameter repeats
-    it. None for traced counts, for ``normalized=False``, and when a count is off the
-    support (the general path gives -inf there)."""
-    if not normalized or not _checks.is_concrete(k):
+    it. None for traced counts, for ``normalized=False``, when a count is off the support
+    (the general path gives -inf there), and where only the exact pass runs (up to
+    fusedlp._xla.SMALL elements, and at every size off XLA:CPU), which does not use it."""
+    if not normalized or not _checks.is_concrete(k) or _xla.below(math.prod(shape), _xla.SMALL):
         return None
     with jax.ensure_compile_time_eval():
         k = jnp.asarray(k).astype(dtype)

@@ -369,8 +369,8 @@ def _lowered(fn, shape):
 
 @pytest.mark.parametrize("name", list(_PLAIN_KERNELS))
 def test_plain_layout_is_the_exact_pass_alone(name, layout):
-    """Off XLA:CPU a kernel's value-and-gradient is its exact pass alone: no lax.cond, whose
-    predicate a GPU sends to the host on every call, and no loop over blocks (docs/gpu.md),
+    """Off XLA:CPU a kernel's value-and-gradient is its exact pass alone: no lax.cond and
+    no loop over blocks (docs/gpu.md),
     for a single problem and a vmapped batch, large enough for every XLA:CPU layout to
     show. The XLA:CPU layout of the single problem holds both: the check can fail."""
     n = 3 * 65536
@@ -391,14 +391,15 @@ def test_plain_layout_is_the_exact_pass_alone(name, layout):
 @pytest.mark.parametrize("name", list(_PLAIN_KERNELS))
 def test_plain_layout_gives_the_numbers_of_the_cpu_layouts(name, layout, rng):
     """The plain layout computes the same value and gradient, and the same edge rules (a
-    NaN parameter, a count off the support), as the XLA:CPU layouts."""
+    NaN parameter, data off the support), as the XLA:CPU layouts."""
     n = 3 * 65536
     k = rng.poisson(3.0, n).astype(np.float64)
     param = rng.uniform(0.5, 2.0, n)
     cases = {"common": (param, k), "nan parameter": (param.copy(), k),
-             "off the support": (param, k.copy())}
+             "negative datum": (param, k.copy()), "infinite datum": (param, k.copy())}
     cases["nan parameter"][0][5] = np.nan
-    cases["off the support"][1][7] = -1.0
+    cases["negative datum"][1][7] = -1.0  # off the support but for the normal and the t
+    cases["infinite datum"][1][7] = np.inf  # off every kernel's support
     got = {}
     for name_of_layout in ("plain", "cpu"):
         layout(name_of_layout)
