@@ -149,6 +149,25 @@ def _accelerator_info() -> dict:
     return info
 
 
+# --------------------------------------------------------------------------- layouts
+
+
+def add_layout_argument(p, help_prefix: str = "") -> None:
+    """``--layout``: which of fusedlp's layouts the kernels use (fusedlp._xla.LAYOUT)."""
+    p.add_argument("--layout", choices=("auto", "cpu", "plain"), default="auto",
+                   help=f"{help_prefix}the kernels' layouts: chosen by the backend (auto), "
+                        "XLA:CPU's (cpu) or the exact pass alone (plain)")
+
+
+def use_layout(choice: str) -> str:
+    """Sets fusedlp's layouts from a ``--layout`` value, before anything is traced; returns
+    the ones in use, "cpu" or "plain"."""
+    from fusedlp import _xla
+
+    _xla.LAYOUT = None if choice == "auto" else choice
+    return "cpu" if _xla.cpu_layouts() else "plain"
+
+
 # --------------------------------------------------------------------------- compile
 
 

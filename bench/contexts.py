@@ -341,18 +341,13 @@ def add_arguments(p) -> None:
                    help="comma-separated subset of kernel names (default: all)")
     p.add_argument("--json", default=DEFAULT_JSON, metavar="PATH",
                    help="where to write the JSON results (default: bench/results/contexts.json)")
-    p.add_argument("--layout", choices=("auto", "cpu", "plain"), default="auto",
-                   help="the kernels' layouts: chosen by the backend (auto), XLA:CPU's (cpu) "
-                        "or the exact pass alone (plain)")
+    _timing.add_layout_argument(p)
 
 
 def main(args) -> int:
     jax.config.update("jax_enable_x64", True)
     jax.config.update("jax_cpu_enable_async_dispatch", False)
-    import fusedlp._xla
-
-    fusedlp._xla.LAYOUT = None if args.layout == "auto" else args.layout
-    layouts = "cpu" if fusedlp._xla.cpu_layouts() else "plain"
+    layouts = _timing.use_layout(args.layout)
     sizes = [10_000] if args.quick else [int(float(s)) for s in args.sizes.split(",")]
     cfg = ({"min_repeats": 3, "min_total": 0.02, "max_total": 0.2} if args.quick else
            {"min_repeats": 15, "min_total": 0.3, "max_total": 3.0})

@@ -308,7 +308,6 @@ def _copy_bandwidth(dtype: str, n: int, device, quick: bool) -> dict | None:
 
 def _throughput_row(kernel: str, dtype: str, n: int, variants: dict, device, quick: bool) -> dict:
     """One size's value-and-gradient, fused against autodiff, checked, then timed."""
-
     from bench import _timing
 
     theta, data = _device_data(kernel, n, dtype, device)
@@ -349,10 +348,9 @@ def _run_throughput(args) -> int:
     import jax
 
     jax.config.update("jax_enable_x64", True)
-    import fusedlp._xla
     from bench import _timing
 
-    fusedlp._xla.LAYOUT = None if args.layout == "auto" else args.layout
+    layouts = _timing.use_layout(args.layout)
     device = jax.devices()[0]
     kind = getattr(device, "device_kind", str(device))
     peak = args.peak_gbps or peak_bandwidth_gbps(kind)
@@ -363,8 +361,8 @@ def _run_throughput(args) -> int:
     dtypes = [d.strip() for d in (args.dtypes or "float32,float64").split(",") if d.strip()]
     kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
     print(f"# throughput on {device} ({kind}, platform {device.platform}); peak "
-          f"{peak if peak else 'unknown'} GB/s; sizes {sizes}; layouts "
-          f"{'cpu' if fusedlp._xla.cpu_layouts() else 'plain'}", file=sys.stderr, flush=True)
+          f"{peak if peak else 'unknown'} GB/s; sizes {sizes}; layouts {layouts}",
+          file=sys.stderr, flush=True)
     t_start = time.perf_counter()
     copies = {d: _copy_bandwidth(d, max(sizes), device, args.quick) for d in dtypes}
     results = []
@@ -384,8 +382,7 @@ def _run_throughput(args) -> int:
                     continue
                 moved = bytes_per_element(kernel, itemsize) * n
                 copy = copies[dtype]
-                row.update(bytes_moved=moved, peak_gbps=peak,
-                           copy_gbps=copy["gbps"] if copy else None)
+                row.update(bytes_moved=moved, peak_gbps=peak)
                 for name in variants:
                     # the bandwidth a pass reaches: bytes over the device's time per call
                     # (pipelined), the time of a call waited for alone beside it
@@ -403,12 +400,12 @@ def _run_throughput(args) -> int:
     wall = time.perf_counter() - t_start
     machine = _timing.machine_info()
     machine["device_kind"] = kind
-    machine["layouts"] = "cpu" if fusedlp._xla.cpu_layouts() else "plain"
+    machine["layouts"] = layouts
     print("## fusedlp value-and-gradient throughput\n")
     print(f"{machine['date']}: {kind} ({device.platform}), jax {machine['jax']}; peak "
           f"bandwidth {f'{peak:g} GB/s' if peak else 'unknown'} "
           f"({'--peak-gbps' if args.peak_gbps else 'spec sheet'}). GB/s = bytes one pass "
-          f"must move (inputs read once, gradient written once) / median time. "
+          f"must move (inputs read once, gradient written once) / time per call. "
           f"Wall time {wall:.0f} s.\n")
     print(throughput_table(results, copies, peak))
     if args.json:
@@ -465,6 +462,8 @@ def throughput_table(results: list[dict], copies: dict, peak: float | None) -> s
 
 
 def add_arguments(p) -> None:
+    from bench import _timing
+
     p.add_argument("--quick", action="store_true",
                    help="small sizes and few repeats (well under 30 s)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the results here")
@@ -485,9 +484,7 @@ def add_arguments(p) -> None:
                    help="instead: value-and-gradient bandwidth on the default device (GPU)")
     p.add_argument("--max-n", type=float, default=None,
                    help="--throughput: largest N (default 1e8; quick 1e6)")
-    p.add_argument("--layout", choices=("auto", "cpu", "plain"), default="auto",
-                   help="--throughput: the kernels' layouts: chosen by the backend (auto), "
-                        "XLA:CPU's (cpu) or the exact pass alone (plain)")
+    _timing.add_layout_argument(p, help_prefix="--throughput: ")
     p.add_argument("--peak-gbps", type=float, default=None,
                    help="--throughput: peak memory bandwidth in GB/s (default: spec sheet "
                         "by device_kind: " + ", ".join(f"{k} {v:g}" for k, v in PEAK_GBPS) + ")")
