@@ -258,9 +258,11 @@ def fast_or_exact(n: int, fast: Callable, exact: Callable, *arrays,
     a non-finite output whenever any element is an edge or outside the regime where it is
     accurate. ``exact`` handles every input. Up to `SMALL` elements ``exact`` runs alone,
     unless ``vmap`` makes a batch of such problems larger than that (the batching rule of a
-    `jax.custom_batching.custom_vmap`, where the batch size is known). Under ``vmap`` the
-    verdict is one for the whole batch (`batch_all`): one non-finite member sends the batch
-    to the exact pass, which is right for every member.
+    `jax.custom_batching.custom_vmap`, where the batch size is known), or ``accurate`` says
+    that ``fast`` is also the more accurate of the two (the hand partials' second
+    derivatives: the exact pass's lose all digits at extreme points, tests/test_accuracy.py).
+    Under ``vmap`` the verdict is one for the whole batch (`batch_all`): one non-finite
+    member sends the batch to the exact pass, which is right for every member.
 
     The fast pass runs once, ahead of the cond that passes its result on. Differentiated
     (only second derivatives, `fusedlp.hessian`, differentiate a forward rule: the Poisson
@@ -275,9 +277,8 @@ def fast_or_exact(n: int, fast: Callable, exact: Callable, *arrays,
     program runs when the fast one fails (its temporaries block-sized). The derivatives
     stay those of ``exact`` itself.
 
-    Off the XLA:CPU layouts (`LAYOUT`) ``exact`` runs alone, unless ``accurate`` says that
-    ``fast`` is also the more accurate of the two (the hand partials' second derivatives):
-    then the choice is made as on XLA:CPU.
+    Off the XLA:CPU layouts (`LAYOUT`) ``exact`` runs alone, unless ``accurate``: then the
+    choice is made as on XLA:CPU.
     """
     def finite(out):
         total = jax.lax.stop_gradient(sum(jnp.sum(leaf) for leaf in jax.tree.leaves(out)))
@@ -289,7 +290,7 @@ def fast_or_exact(n: int, fast: Callable, exact: Callable, *arrays,
 
     if not (cpu_layouts() or accurate):
         chosen = exact
-    elif n > SMALL:
+    elif n > SMALL or accurate:
         chosen = fast_then_exact
     else:
         @custom_batching.custom_vmap

@@ -356,13 +356,19 @@ SECOND = {"binomial_logit_lpmf": (("logit",), _binomial_logit_second),
           "student_t_lpdf": (("loc", "scale"), _student_t_second)}
 
 
-def _second_partials(kernel, small):
-    """fusedlp.hessian in SECOND's arguments at every float64 grid point, point by point
-    (lax.map), with fusedlp._xla.SMALL at ``small``; and the mpmath references (NaN where
-    the kernel's value is not finite)."""
-    import mpmath
+# A datum outside each kernel's support (its value -inf, its partials zero): beside a grid
+# point it makes the fast form's sum non-finite, so the exact pass runs for both elements.
+OFF_SUPPORT = {"binomial_logit_lpmf": -1.0, "gamma_lpdf": -1.0,
+               "negative_binomial_lpmf": -1.0, "student_t_lpdf": math.inf}
 
-    from fusedlp import _xla
+
+def _second_partials(kernel, beside_an_edge=False):
+    """fusedlp.hessian in SECOND's arguments at every float64 grid point, point by point
+    (lax.map), at the library's own thresholds; and the mpmath references (NaN where the
+    kernel's value is not finite). With ``beside_an_edge`` each point's datum (the first
+    argument) comes with a second one off the support (`OFF_SUPPORT`), whose terms are zero
+    by the edge rule: what a batch with such an element (padding, say) gets."""
+    import mpmath
 
     wrt, reference = SECOND[kernel]
     table = at.load()[f"{kernel}/float64"]
@@ -374,15 +380,13 @@ def _second_partials(kernel, small):
             args = list(row)
             for j, i in enumerate(idx):
                 args[i] = theta[j]
+            if beside_an_edge:
+                args[0] = jnp.stack([args[0], jnp.asarray(OFF_SUPPORT[kernel], row.dtype)])
             return fn(*args)
         return fusedlp.hessian(f)(jnp.stack([row[i] for i in idx]))
 
-    before, _xla.SMALL = _xla.SMALL, small
-    try:
-        got = np.asarray(jax.jit(lambda rows: jax.lax.map(hessian, rows))(
-            jnp.asarray(table["inputs"])))
-    finally:
-        _xla.SMALL = before
+    got = np.asarray(jax.jit(lambda rows: jax.lax.map(hessian, rows))(
+        jnp.asarray(table["inputs"])))
     n = len(idx)
     ref, sens = np.full((2, len(got), n, n), np.nan)
     with mpmath.workdps(50):
@@ -414,10 +418,11 @@ _SECOND_MISSES_OFF_CPU = {
     pytest.param(k, marks=pytest.mark.xfail(strict=True, reason=_SECOND_MISSES_OFF_CPU[k]))
     if jax.default_backend() != "cpu" and k in _SECOND_MISSES_OFF_CPU else k
     for k in sorted(SECOND)])
-def test_fast_second_partials_against_mpmath(kernel):
-    """With _xla.SMALL = 0 (the fast form where it is finite, the exact pass elsewhere),
+def test_second_partials_against_mpmath(kernel):
+    """fusedlp.hessian at one element, as any batch whose fast form is finite gets it (the
+    hand partials differentiated at every size; the exact pass where they are not finite):
     every second partial within C ulps of mpmath."""
-    table, got, ref, sens = _second_partials(kernel, small=0)
+    table, got, ref, sens = _second_partials(kernel)
     r = _second_partial_errors(got, ref, sens)
     i = int(np.argmax(r))
     assert r[i] <= C["float64"], (
@@ -426,17 +431,16 @@ def test_fast_second_partials_against_mpmath(kernel):
 
 
 @pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 14, not met: second partials of the exact pass "
-                   "(f forward over forward, what runs up to _xla.SMALL elements and off the "
-                   "fast form's regime) lose all digits at extreme points; grid points "
-                   "beyond the bound: binomial 389 of 501 (+1.6e-15 for -3.7e-43 at "
-                   "eta = 100; 0.089 for -0.0021 at k = 333333, n = 1e6, eta = 20), gamma 425 "
-                   "of 674 (93.4 for d2/dx drate = -1), negative binomial 535 of 666 (NaN "
-                   "for -1e300 at mean = 1e-150), Student t 292 of 311 (NaN at scale = "
-                   "1e300; 4e-23 for 2e-48 at z = -1e15, df = 1e-3)")
+                   reason="issue 14, not met: the exact pass's second partials (f forward "
+                   "over forward), which a batch gets where its fast form is not finite "
+                   "(here beside a datum off the support), lose all digits at extreme "
+                   "points; grid points beyond the bound: binomial 97 of 501 (+1.6e-15 for "
+                   "-3.7e-43 at eta = 100), gamma 168 of 434 (NaN for 0 at x = 1e-302, "
+                   "rate = 1e300), negative binomial 144 of 603 (NaN for -1e300 at mean = "
+                   "1e-150), Student t 71 of 300 (NaN for -1e308 at scale = 1e-150)")
 @pytest.mark.parametrize("kernel", sorted(SECOND))
 def test_exact_pass_second_partials_against_mpmath(kernel):
-    table, got, ref, sens = _second_partials(kernel, small=2**62)
+    table, got, ref, sens = _second_partials(kernel, beside_an_edge=True)
     r = _second_partial_errors(got, ref, sens)
     assert r.max() <= C["float64"], (_point(table, int(np.argmax(r))), r.max())
 
