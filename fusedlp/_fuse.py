@@ -418,36 +418,78 @@ def _second_order_jvp(spec: _Spec, perturbed, outputs, primals, tangents):
 
     # H is symmetric: along a moved j, the partial of a moved i < j is not formed again
     # where H_ji is (along i, the partial of j), a jvp program the fewer for each pair.
-    def known(i, j):
-        return i in moved and i < j and j in inner
+    def wanted_of(rows, along):
+        return {j: [i for i in rows if not (i in along and i < j and j in rows)]
+                for j in along}
 
-    wanted = {j: [i for i in inner if not known(i, j)] for j in moved}
-    exact = functools.partial(_second_partials, _exact_spec(spec), moved, wanted, True)
-    hand = {i for i, _ in spec.fast_partials}
-    if (spec.fast_second_order and spec.mode == "jvp" and set(moved) <= set(inner)
-            and set(inner) <= hand):
+    hand = {i for i, _ in spec.fast_partials} & set(inner)
+    fast_form = spec.fast_second_order and spec.mode == "jvp"
+    if fast_form and hand and set(moved) <= hand and set(inner) <= hand:
         # the fast form's hand-derived partials differentiated, where all are finite, f's
         # exact second partials otherwise. Only where every argument has one: forward mode
         # twice through the fast form itself compiled slower than it ran faster.
-        fast = functools.partial(_second_partials, _fast_spec(spec), moved, wanted, False)
-        value, ds, pushed = _xla.fast_or_exact(math.prod(shape), _plus_offset(spec, fast),
-                                               exact, *primals, accurate=True)
+        value, ds, rows = _hand_rows(spec, moved, wanted_of(inner, moved), primals)
+    elif fast_form and hand and set(moved) == set(inner):
+        # Some arguments have hand partials (H) and some not (R: the NB's concentration,
+        # the gamma's shape, the t's df). Rows i in H come from the hand partials, moved
+        # along every j (a hand partial is a formula in all the arguments), where they are
+        # finite; rows in R from f's exact pass along R only, and along j in H by symmetry
+        # (H_ij = H_ji, the hand row j along i). Forward over forward through f's exact
+        # form cancels where a hand row does not: d2/dx drate of the gamma's
+        # (shape - 1) log(rate x) subtracts two terms of size 1/(rate x) to 0.
+        rest = [i for i in inner if i not in hand]
+        value, ds_r, rows_r = _second_partials(_exact_spec(spec), rest,
+                                               wanted_of(rest, rest), True, *primals)
+        _, ds, rows = _hand_rows(spec, moved, {j: [i for i in sorted(hand)
+                                                   if not (j in hand and i < j)]
+                                               for j in moved}, primals)
+        ds = {**ds, **ds_r}
+        for j, (d, hs) in zip(rest, rows_r):
+            rows[j] = (d, {**rows[j][1], **hs})
     else:
-        value, ds, pushed = exact(*primals)
-    along = dict(zip(moved, (h for _, h in pushed)))
+        value, ds, pushed = _second_partials(_exact_spec(spec), moved, wanted_of(inner, moved),
+                                             True, *primals)
+        rows = dict(zip(moved, pushed))
+
+    def second(i, j):  # the tangent of partial i along moved j
+        hs = rows[j][1]
+        return hs[i] if i in hs else rows[i][1][j]
+
     dvalue, dpartials = jnp.zeros((), dtype), {}
-    for j, (d, hs) in zip(moved, pushed):
+    for j in moved:
         t = tangents[j].astype(dtype)
         t = jnp.broadcast_to(t, shape).reshape(-1) if batched[j] else t.reshape(())
-        dvalue = dvalue + jnp.sum(d * t)
+        dvalue = dvalue + jnp.sum(rows[j][0] * t)
         for i in inner:
-            h = along[i][j] if known(i, j) else hs[i]
-            dpartials[i] = dpartials.get(i, 0.0) + h * t
+            dpartials[i] = dpartials.get(i, 0.0) + second(i, j) * t
     # the primal outputs from the same pass (the forward-over-forward one's primal)
     grads = {i: _fold(ds[i], primals[i], batched[i], shape) for i in inner}
     dgrads = {i: _fold(dpartials[i], primals[i], batched[i], shape) for i in inner}
     return ((value, tuple(grads.get(i) for i in range(len(primals)))),
             (dvalue, tuple(dgrads.get(i) for i in range(len(primals)))))
+
+
+def _hand_rows(spec: _Spec, moved, wanted, primals):
+    """`_second_partials` of the fast form's hand partials (rows ``wanted[j]`` along each
+    moved j) where all are finite, else of f's exact pass (fusedlp._xla.fast_or_exact, at
+    every size: these are the accurate ones). Returns ``(value, first partials, rows)``,
+    rows a dict by moved j of (its first partial, or None where it has no hand partial,
+    and the wanted second partials)."""
+    firsts = {i for i, _ in spec.fast_partials}
+
+    def keep_firsts(out):
+        value, ds, pushed = out
+        return value, ds, [(d if j in firsts else None, hs)
+                           for j, (d, hs) in zip(moved, pushed)]
+
+    def pieces(spec, edge_rule):
+        return lambda *a: keep_firsts(_second_partials(spec, moved, wanted, edge_rule, *a))
+
+    n = math.prod(jnp.broadcast_shapes(*(a.shape for a in primals)))
+    value, ds, pushed = _xla.fast_or_exact(
+        n, _plus_offset(spec, pieces(_fast_spec(spec), False)),
+        pieces(_exact_spec(spec), True), *primals, accurate=True)
+    return value, ds, dict(zip(moved, pushed))
 
 
 def _second_partials(spec: _Spec, moved, wanted, edge_rule: bool, *arrays):
@@ -458,8 +500,8 @@ def _second_partials(spec: _Spec, moved, wanted, edge_rule: bool, *arrays):
 
     Forward mode along j (a tangent of ones: the elements are independent, as in
     `_partials`): over f's forward mode, or, for a fast form, over its hand-derived
-    partials (``spec.partials``: then every argument has one, and the value is not
-    differentiated)."""
+    partials (``spec.partials``: every wanted row has one, and the value is not
+    differentiated; a moved j without one gets a zero in place of its first partial)."""
     dtype = arrays[0].dtype
     fn, flat, shape, batched = _elementwise(spec, list(arrays))
     hand = dict(spec.partials)
@@ -477,8 +519,9 @@ def _second_partials(spec: _Spec, moved, wanted, edge_rule: bool, *arrays):
             return _partials(spec, fn, fl_j, batched, wanted[j], with_value=True)
         pushed = [jax.jvp(functools.partial(along, j), (fl[j],), (jnp.ones_like(fl[j]),))
                   for j in moved]
-        if hand:  # d_j, the value's tangent along j: the hand partial itself
-            pushed = [(p, (p[1][j], h)) for j, (p, (_, h)) in zip(moved, pushed)]
+        if hand:  # d_j, the value's tangent along j: the hand partial itself (if j has one)
+            pushed = [(p, (p[1][j] if j in p[1] else jnp.zeros_like(v), h))
+                      for j, (p, (_, h)) in zip(moved, pushed)]
         return pushed
 
     # Fenced (its predicate from a moved argument: traced, where the data may be constants):

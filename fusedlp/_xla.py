@@ -113,12 +113,17 @@ def fenced(fn: Callable, shapes, *arrays):
     (`batch_all`), so that the cond stays a cond there. ``arrays[0]`` must be traced (not a
     constant), or XLA folds the fence away.
     """
-    first = jax.tree.leaves(arrays)[0]
-    if first.size == 0 or split_sharding(first) is not None or not cpu_layouts():
+    leaves = jax.tree.leaves(arrays)
+    first = leaves[0]
+    if (first.size == 0 or any(split_sharding(a) is not None for a in leaves)
+            or not cpu_layouts()):
         # nothing to fence; or split over mesh axes: no single element to probe (jax
-        # refuses the slice), and each device runs its own block anyway; or not on XLA:CPU
+        # refuses the slice), each device runs its own block anyway, and the never-taken
+        # branch's zeros would not carry the split (a scalar first argument beside split
+        # data: the second-order rule's rows of a parameter without hand partials); or not
+        # on XLA:CPU
         return fn(*arrays)
-    if any(_varying(a) for a in jax.tree.leaves(arrays)):
+    if any(_varying(a) for a in leaves):
         # in a shard_map: the zeros must vary over the mesh axes as fn's outputs do, which
         # only fn's own types tell
         shapes = jax.eval_shape(fn, *arrays)
