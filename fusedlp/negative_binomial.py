@@ -34,7 +34,8 @@ from fusedlp._fuse import kernel
 # As phi -> inf the pieces tend to Poisson's, -stirlerr(k) - log(2 pi k)/2 - bd0(k, mu),
 # continuously. log k! does not depend on the parameters: `normalized=False` adds it back
 # (the same partials), as lgamma(k + 1). k is data: zero cotangent (none for integer k).
-# fuse forms the partials by forward mode in one pass with the value.
+# The partials are hand-derived (below), from the same pieces, so that fusedlp.hessian
+# differentiates them (fast_second_order) instead of Loader's form twice.
 #
 # Edges: k < 0, non-integer or infinite k is outside the support (-inf, zero partials).
 # mu < 0, mu = inf, phi <= 0, phi = inf (the Poisson limit: use poisson_lpmf), NaN anywhere:
@@ -117,16 +118,42 @@ def _negative_binomial_dmean(k, mean, concentration, *, normalized=True):
     fast_second_order). The quotients go through `_special.ratio`, whose derivative holds
     where a square under- or overflows; (k - mu) / (mu (1 + u)) differentiates to a
     cancellation of O(mu) terms over mu^2 (-7e133 for 1e-20 at k = 0, mu = 1e-150).
-    NaN at mu = 0 (the exact pass's boundary). (d/dphi stays forward mode through Loader's
-    form.)"""
+    NaN at mu = 0 (the exact pass's boundary)."""
     del normalized  # log k! holds no mu
     one_u = 1.0 + mean / concentration
     return _special.ratio(k, mean * one_u) - _special.ratio(jnp.ones_like(one_u), one_u)
 
 
+def _negative_binomial_dconc(k, mean, concentration, *, normalized=True):
+    """The fast form's d/dphi by hand, from Loader's pieces: with n = phi + k, s = phi + mu,
+    t = (k - mu)/s and psi(x) = log x - 1/(2x) + stirlerr'(x),
+
+        d/dphi = log1p(t) - t + k/(2 phi n) + stirlerr'(n) - stirlerr'(phi)
+
+    (log1p(t) = log(n/s) = log1p(k/phi) - log1p(mu/phi), -t = (mu - k)/s). Near the Poisson
+    limit each of the plain form's four terms is O(1/phi) and the answer O(1/phi^2); here
+    log1p(t) - t is its series (fusedlp._special.log1pmx_series) near t = 0, and the
+    stirlerr' difference (fusedlp._special.dstirlerr_fast) is O(k/phi^3). Not finite where
+    n/s over- or underflows (the exact pass's cases)."""
+    del normalized  # log k! holds no phi
+    mu, phi = mean, concentration
+    n = phi + k
+    t = _special.ratio(k - mu, phi + mu)
+    # the series in v = t/(2 + t) while |v| < 1/6 (its 10 terms reach eps there): the
+    # direct form's log carries an absolute error of eps, against an answer as small as
+    # 0.06 at the switch, and the sum can cancel further (at k = 1, phi = 3, mu -> 0)
+    far = _xla.step(jnp.abs(t / (2.0 + t)) - 1.0 / 6.0)
+    direct = jnp.log(_special.ratio(n, phi + mu)) - t
+    log1pmx = far * direct + (1.0 - far) * _special.log1pmx_series(t)
+    # the stirlerr' difference first: each is -1/(2 phi) at small phi, where it is exact
+    dstirlerr = _special.dstirlerr_fast(n) - _special.dstirlerr_fast(phi)
+    return log1pmx + (0.5 * _special.ratio(_special.ratio(k, n), phi) + dstirlerr)
+
+
 _negative_binomial = kernel(_negative_binomial_element, fast=_negative_binomial_fast,
                             fast_layout="columns", data=("k",), name="negative_binomial_lpmf",
-                            fast_partials={"mean": _negative_binomial_dmean},
+                            fast_partials={"mean": _negative_binomial_dmean,
+                                           "concentration": _negative_binomial_dconc},
                             data_term=_negative_binomial_data, fast_second_order=True)
 
 
