@@ -16,8 +16,9 @@ Every function here is ordinary ``jax.numpy`` code, so forward- and reverse-mode
 derivatives of the kernels built from them are as accurate as the values (the series are
 differentiated term by term), except stirlerr, whose lgamma form would differentiate to a
 cancelling ``psi(n) - log n + 1/(2n)``: its derivative is a function of its own,
-``dstirlerr`` (a Chebyshev expansion between 1/2 and 7). Each branch's input is replaced by a harmless value where the
-branch is not selected (the double-``where`` idiom), so second derivatives see no NaN.
+``dstirlerr`` (a Chebyshev expansion between 1/2 and 7). Each branch's input is replaced by
+a harmless value where the branch is not selected (the double-``where`` idiom), so second
+derivatives see no NaN.
 """
 
 from __future__ import annotations
