@@ -515,12 +515,18 @@ def test_second_partials_against_mpmath(kernel):
         f"{_point(table, i)}: {r[i]:.3g} ulps; {int((r > C['float64']).sum())} points")
 
 
+@functools.cache
+def _all_second_partials(kernel):
+    """`_second_partials` in `SECOND_ALL`'s arguments, once per kernel for both tests below."""
+    return _second_partials(kernel, second=SECOND_ALL)
+
+
 @pytest.mark.parametrize("kernel", sorted(SECOND_ALL))
 def test_all_second_partials_against_mpmath(kernel):
     """fusedlp.hessian in every parameter of the fuse-built kernels with one that has no hand
     partial, within C_ALL ulps of mpmath: at every grid point, or away from extreme inputs
     (`_extreme`) for a kernel in `ALL_EXTREME_MISSES`."""
-    table, got, ref, sens = _second_partials(kernel, second=SECOND_ALL)
+    table, got, ref, sens = _all_second_partials(kernel)
     r = _second_partial_errors(got, ref, sens)
     if kernel in ALL_EXTREME_MISSES:
         r = np.where(_extreme(table), 0.0, r)
@@ -535,7 +541,7 @@ def test_all_second_partials_against_mpmath(kernel):
                                             reason=f"issue 14, not met: {ALL_EXTREME_MISSES[k]}"))
     for k in sorted(ALL_EXTREME_MISSES)])
 def test_all_second_partials_at_extreme_inputs(kernel):
-    table, got, ref, sens = _second_partials(kernel, second=SECOND_ALL)
+    table, got, ref, sens = _all_second_partials(kernel)
     r = np.where(_extreme(table), _second_partial_errors(got, ref, sens), 0.0)
     assert r.max() <= C_ALL, (_point(table, int(np.argmax(r))), r.max())
 
