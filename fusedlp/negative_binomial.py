@@ -137,13 +137,13 @@ def _negative_binomial_dconc(k, mean, concentration, *, normalized=True):
     n/s over- or underflows (the exact pass's cases)."""
     del normalized  # log k! holds no phi
     mu, phi = mean, concentration
-    n = phi + k
-    t = _special.ratio(k - mu, phi + mu)
+    n, s = phi + k, phi + mu
+    t = _special.ratio(k - mu, s)
     # the series in v = t/(2 + t) while |v| < 1/6 (its 10 terms reach eps there): the
     # direct form's log carries an absolute error of eps, against an answer as small as
     # 0.06 at the switch, and the sum can cancel further (at k = 1, phi = 3, mu -> 0)
     far = _xla.step(jnp.abs(t / (2.0 + t)) - 1.0 / 6.0)
-    direct = jnp.log(_special.ratio(n, phi + mu)) - t
+    direct = jnp.log(_special.ratio(n, s)) - t
     log1pmx = far * direct + (1.0 - far) * _special.log1pmx_series(t)
     # the stirlerr' difference first: each is -1/(2 phi) at small phi, where it is exact
     dstirlerr = _special.dstirlerr_fast(n) - _special.dstirlerr_fast(phi)

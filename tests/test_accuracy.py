@@ -523,8 +523,8 @@ def _all_second_partials(kernel):
 
 @pytest.mark.parametrize("kernel", sorted(SECOND_ALL))
 def test_all_second_partials_against_mpmath(kernel):
-    """fusedlp.hessian in every parameter of the fuse-built kernels with one that has no hand
-    partial, within C_ALL ulps of mpmath: at every grid point, or away from extreme inputs
+    """fusedlp.hessian in every parameter a regression moves (`SECOND_ALL`), within C_ALL
+    ulps of mpmath: at every grid point, or away from extreme inputs
     (`_extreme`) for a kernel in `ALL_EXTREME_MISSES`."""
     table, got, ref, sens = _all_second_partials(kernel)
     r = _second_partial_errors(got, ref, sens)
@@ -613,15 +613,16 @@ def test_student_t_df_partial_between_the_grids_decades():
 
 
 def test_negative_binomial_concentration_partial_between_the_grids_decades():
-    """The fast form's hand-derived d/dconcentration (negative_binomial._negative_binomial_dconc)
-    where the log-scale grid has few points: concentration 0.5 ... 30, across the switches of
-    stirlerr' (fusedlp._special.dstirlerr_fast) at 1 and 7 and of log1p(t) - t at |t| = 1/4,
-    one point at a time with the fast form running, judged as the sweep judges its grid."""
+    """The fast form's hand-derived d/dconcentration (negative_binomial's
+    `_negative_binomial_dconc`) where the log-scale grid has few points: concentration
+    0.5 ... 30, across the switches of stirlerr' (fusedlp._special.dstirlerr_fast) at 1/2
+    and 7, one point at a time with the fast form running, judged as the sweep judges its
+    grid."""
     import accuracy_reference
 
     from fusedlp import _xla
 
-    phis = [*np.linspace(0.5, 30.0, 40), 0.999, 1.0, 1.001, 6.999, 7.0, 7.001]
+    phis = [*np.linspace(0.5, 30.0, 40), 0.499, 0.501, 0.999, 1.0, 1.001, 6.999, 7.0, 7.001]
     points = [(float(k), mean, float(phi)) for k in (0, 1, 5, 40) for mean in (0.5, 40.0)
               for phi in phis]
     table = at.as_arrays(accuracy_reference.reference("negative_binomial_lpmf", "float64",
