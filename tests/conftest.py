@@ -62,6 +62,22 @@ def _validation_off():
     fusedlp.enable_validation(False)
 
 
+@pytest.fixture
+def xla_setting(monkeypatch):
+    """``xla_setting(name, value)`` sets a ``fusedlp._xla`` constant (a size threshold, a
+    block size, an idiom) for one test. Kernels read these when they are traced and jax keeps
+    traces, so jax's caches are cleared on the way in and out: no trace made under one value
+    serves a test under another, whichever tests ran before in the same process."""
+    from fusedlp import _xla
+
+    def use(name, value):
+        jax.clear_caches()
+        monkeypatch.setattr(_xla, name, value)
+
+    yield use
+    jax.clear_caches()  # before monkeypatch, set up first, puts the value back
+
+
 @pytest.fixture(scope="module")
 def empty_dispatch_cache():
     """jax's C++ dispatch cache emptied, once per module, before a test that counts entries.

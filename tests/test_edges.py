@@ -820,7 +820,7 @@ def test_empty_inputs_give_zero_whatever_the_parameters():
 @pytest.mark.parametrize("kernel", ["poisson_lpmf", "poisson_log_lpmf", "negative_binomial_lpmf",
                                     "student_t_lpdf", "gamma_lpdf", "binomial_logit_lpmf"])
 def test_vmapped_batch_with_one_edge_member_matches_each_member(kernel, batch, edge, rng,
-                                                                monkeypatch):
+                                                                xla_setting):
     """Under vmap one verdict serves the batch (fusedlp._xla): a member with an element off
     the support sends the whole batch to the exact pass. Each member's value and gradient
     are still its own, as computed unbatched: for members above fusedlp._xla.SMALL, their
@@ -829,11 +829,10 @@ def test_vmapped_batch_with_one_edge_member_matches_each_member(kernel, batch, e
     exact pass behind it over all members at once or (a block of 25 members) over blocks
     of whole members, the last overlapping the one before (fusedlp._xla.blockwise's
     batching rule)."""
-    from fusedlp import _xla
 
     b, n = (64, 40) if batch.startswith("64x40") else (3, 3000)
     if batch.endswith("blocks"):
-        monkeypatch.setattr(_xla, "BLOCK", 1000)
+        xla_setting("BLOCK", 1000)
     k = rng.poisson(3.0, (b, n)).astype(np.float64)
     if edge:
         k[1, 5] = 2.5  # off the support: -inf, zero partial

@@ -369,11 +369,11 @@ def _blocks_case(name, rng, n):
 
 @pytest.mark.parametrize("name", ["gamma", "negative_binomial"])
 @pytest.mark.parametrize("perturbed", [None, "vector", "scalar"])
-def test_exact_pass_in_blocks_equals_the_whole(name, perturbed, rng, monkeypatch):
+def test_exact_pass_in_blocks_equals_the_whole(name, perturbed, rng, xla_setting):
     """fusedlp._xla.blockwise, as the fast forms' exact pass uses it: the value and the
     partials (per element for a vector argument, summed for a scalar one) over blocks of
     1000 elements and a tail are those of the whole, at the edges too."""
-    from fusedlp import _fuse, _xla
+    from fusedlp import _fuse
 
     element, args, nondiff = _blocks_case(name, rng, 4099)
     args = [jnp.asarray(a) for a in args]
@@ -386,7 +386,7 @@ def test_exact_pass_in_blocks_equals_the_whole(name, perturbed, rng, monkeypatch
         return jax.jit(functools.partial(_fuse._exact_blocks, spec, pert))(*args)
 
     whole = run()  # 4099 elements: fewer than two blocks of the default size
-    monkeypatch.setattr(_xla, "BLOCK", 1000)
+    xla_setting("BLOCK", 1000)
     blocks = run()
     assert np.isfinite(float(jax.tree.leaves(whole)[0]))
     # a sum over blocks is rounded in another order: a few ulps of its terms (all O(1))

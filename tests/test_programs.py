@@ -203,11 +203,10 @@ def test_poisson_fast_value_is_summed_over_blocks(name, counts, rng):
 
 
 @on_cpu
-def test_the_temporaries_check_sees_a_whole_exact_pass(rng, monkeypatch):
+def test_the_temporaries_check_sees_a_whole_exact_pass(rng, xla_setting):
     """The bound above can fail: with blocks larger than N, the exact pass is whole."""
-    from fusedlp import _xla
 
-    monkeypatch.setattr(_xla, "BLOCK", 2**30)
+    xla_setting("BLOCK", 2**30)
     fn = jax.value_and_grad(_vector_parameter_kernels(rng, BLOCKS_N)["negative_binomial"])
     assert _temporaries(fn, np.full(BLOCKS_N, 1.5), n=BLOCKS_N) > 4.5
 
@@ -256,16 +255,15 @@ def _program_lines(fn, shape) -> int:
 
 @on_cpu
 @pytest.mark.parametrize("name", list(_KERNELS_OF_DATA))
-def test_exact_pass_in_blocks_is_one_copy_in_the_program(name, monkeypatch):
+def test_exact_pass_in_blocks_is_one_copy_in_the_program(name, xla_setting):
     """fusedlp._xla.blockwise leaves no remainder block, whose pass of another shape would
     be a second copy of the exact pass to compile (a vmapped Poisson GLM fit spent a third
     of its compile time there). With blocks of 1000 elements (25 members of 40): a batch of
     64 members ends in a block that overlaps the one before, and its program is that of 75
     (three whole blocks); a problem of 3100 elements goes in four blocks of 775, and its
     program is that of 3000. Of 3001 (a prime), the remainder's copy shows."""
-    from fusedlp import _xla
 
-    monkeypatch.setattr(_xla, "BLOCK", 1000)
+    xla_setting("BLOCK", 1000)
     batch = jax.vmap(jax.value_and_grad(_KERNELS_OF_DATA[name]))
     assert _program_lines(batch, (64, 40)) == _program_lines(batch, (75, 40))
     one = jax.value_and_grad(_KERNELS_OF_DATA[name])
@@ -334,13 +332,12 @@ def test_fused_hessian_forms_second_partials_once(name, rng):
 
 
 @on_cpu
-def test_the_basis_vector_count_sees_an_unfenced_chain(rng, monkeypatch):
+def test_the_basis_vector_count_sees_an_unfenced_chain(rng, xla_setting):
     """The bound above can fail: without the fence, f's chain is formed per basis vector (the
     gamma in its shape, which has no hand partial: its Hessian runs f forward over forward,
     where the others now differentiate their hand partials)."""
-    from fusedlp import _xla
 
-    monkeypatch.setattr(_xla, "fenced", lambda fn, shapes, *arrays: fn(*arrays))
+    xla_setting("fenced", lambda fn, shapes, *arrays: fn(*arrays))
     assert _ops_per_basis_vector(_optimised_hlo(*_glm_hessian("gamma_shape", rng))) > 40
 
 
