@@ -70,16 +70,19 @@ def _horner(coefficients, w):
     return out
 
 
+def _series_terms(n, above):
+    """The terms of `stirling_series` for n > ``above``, as many as the dtype needs there."""
+    wide = _wide(n.dtype)
+    if above >= STIRLERR_TABLE_SIZE:
+        return _STIRLING_S[:8] if wide else _STIRLING_S[:3]
+    return _STIRLING_S if wide else _STIRLING_S[:5]
+
+
 def stirling_series(n, above=SERIES_FROM):
     """sum_j S_j / n^(2j+1) for n > ``above``, as many terms as the dtype needs there (at
     n > 16: 8 terms reach float64's eps for the value and its derivative, float32 3)."""
-    wide = _wide(n.dtype)
-    if above >= STIRLERR_TABLE_SIZE:
-        terms = _STIRLING_S[:8] if wide else _STIRLING_S[:3]
-    else:
-        terms = _STIRLING_S if wide else _STIRLING_S[:5]
     r = 1.0 / n
-    return r * _horner(terms, r * r)
+    return r * _horner(_series_terms(n, above), r * r)
 
 
 def stirlerr_table(k):
@@ -154,10 +157,10 @@ _DSTIRLERR_CHEB = (
 _DSTIRLERR_CHEB_FROM = 0.5
 
 
-def _dstirlerr_series(n):
-    """stirlerr'(n) for n >= 7: the series' derivative, -sum_j (2j+1) S_j / n^(2j+2), as
-    many terms as `stirling_series` takes from 7."""
-    terms = _STIRLING_S if _wide(n.dtype) else _STIRLING_S[:5]
+def _dstirlerr_series(n, above=SERIES_FROM):
+    """stirlerr'(n) for n > ``above`` (at least 7): the series' derivative,
+    -sum_j (2j+1) S_j / n^(2j+2), as many terms as `stirling_series` takes there."""
+    terms = _series_terms(n, above)
     r = 1.0 / n
     r2 = r * r
     return -r2 * _horner(tuple((2 * j + 1) * c for j, c in enumerate(terms)), r2)
@@ -229,6 +232,44 @@ def _stirlerr_jvp(primals, tangents):
 def _stirlerr_fast_jvp(primals, tangents):
     (n,), (t,) = primals, tangents
     return stirlerr_fast(n), dstirlerr_fast(n) * t
+
+
+@jax.custom_jvp
+def _series_from_table(n):
+    """stirlerr(n) for n > 16 (`stirling_series`), with the series' own derivative as its
+    jvp."""
+    return stirling_series(n, above=STIRLERR_TABLE_SIZE)
+
+
+@_series_from_table.defjvp
+def _series_from_table_jvp(primals, tangents):
+    (n,), (t,) = primals, tangents
+    return _series_from_table(n), _dstirlerr_series(n, above=STIRLERR_TABLE_SIZE) * t
+
+
+def _by_count(fn, series, phi, k):
+    """fn(phi + k) for integer-valued counts k >= 0 and a ``phi`` shared by every element,
+    without a select (fusedlp._xla): each count below 16 picks one of the values
+    fn(phi + j), j = 0..15, computed once (a scalar ``phi`` stays unbatched under fuse's
+    vmap), by exact indicators max(0, 1 - |k - j|); from 16 on, phi + k > 16 and ``series``
+    alone is fn there. Per element, fn itself would form every piece of its select-free
+    blend (an lgamma, a Chebyshev expansion), and counts are mostly small."""
+    table = fn(phi + jnp.arange(STIRLERR_TABLE_SIZE, dtype=k.dtype))
+    small = sum(table[j] * jnp.maximum(0.0, 1.0 - jnp.abs(k - j))
+                for j in range(STIRLERR_TABLE_SIZE))
+    above = _xla.step(k - (STIRLERR_TABLE_SIZE - 0.5))
+    return small + above * series(phi + jnp.maximum(k, float(STIRLERR_TABLE_SIZE)))
+
+
+def stirlerr_by_count(phi, k):
+    """stirlerr(phi + k) for counts k and a shared phi (see `_by_count`)."""
+    return _by_count(stirlerr, _series_from_table, phi, k)
+
+
+def dstirlerr_by_count(phi, k):
+    """stirlerr'(phi + k) for counts k and a shared phi (see `_by_count`)."""
+    return _by_count(dstirlerr, lambda n: _dstirlerr_series(n, above=STIRLERR_TABLE_SIZE),
+                     phi, k)
 
 
 # bd0's series in v = (x - m)/(x + m): bd0 = (x - m) v + 2 x sum_{j>=1} v^(2j+1)/(2j+1).

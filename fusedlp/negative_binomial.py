@@ -43,12 +43,11 @@ from fusedlp._fuse import kernel
 # by fuse's edge rule a zero gradient (poisson_lpmf's hand rule reports +inf there).
 
 
-def _log_nb_positive(kp, mu, phi, stirlerr, bd0):
+def _log_nb_positive(kp, mu, phi, stirlerr_n, bd0):
     """log NB(k | mu, phi) + stirlerr(k) + log(2 pi k) / 2 for a count kp >= 1 and valid
-    mu >= 0, phi > 0 (Loader's form without its part in k alone), from the given special
-    functions: the exact ones (`_log_nb`) or their select-free forms
-    (`_negative_binomial_fast`). stirlerr(phi) is always the exact form: a scalar phi makes
-    its selects scalar work."""
+    mu >= 0, phi > 0 (Loader's form without its part in k alone), given stirlerr(phi + kp)
+    and bd0: the exact ones (`_log_nb`) or select-free forms (`_negative_binomial_fast`).
+    stirlerr(phi) is always the exact form: a scalar phi makes its selects scalar work."""
     # p = phi / (phi + mu) and bd0's arguments, each written so that its derivatives are sums
     # of like-signed terms: (phi + k) q, say, has d/dphi of size 1/phi^2 but its product
     # rule subtracts two terms of size 1/phi; and so that nothing underflows on the way
@@ -57,7 +56,7 @@ def _log_nb_positive(kp, mu, phi, stirlerr, bd0):
     p = 1.0 / (1.0 + u)
     s = phi + mu
     n = phi + kp
-    return (-0.5 * jnp.log1p(kp / phi) + stirlerr(n) - _special.stirlerr(phi)
+    return (-0.5 * jnp.log1p(kp / phi) + stirlerr_n - _special.stirlerr(phi)
             - bd0(phi, n * p, diff=(mu - kp) * p)
             - bd0(kp, mu * (p + kp / s), diff=(kp - mu) * p))
 
@@ -65,7 +64,7 @@ def _log_nb_positive(kp, mu, phi, stirlerr, bd0):
 def _log_nb(k, mu, phi):
     """log NB(k | mu, phi) for a count k >= 0 and valid mu >= 0, phi > 0 (Loader's form)."""
     kp = jnp.where(k > 0, k, 1.0)
-    lp = (_log_nb_positive(kp, mu, phi, _special.stirlerr, _special.bd0)
+    lp = (_log_nb_positive(kp, mu, phi, _special.stirlerr(phi + kp), _special.bd0)
           - _special.log_factorial_rest(kp, _special.stirlerr_int))
     return jnp.where(k > 0, lp, -_special.xlog1p_ratio(phi, mu))
 
@@ -84,20 +83,34 @@ def _negative_binomial_element(k, mean, concentration, *, normalized=True):
     return jnp.where(param_ok & ~jnp.isnan(k), jnp.where(kok, lp, -jnp.inf), jnp.nan)
 
 
-def _negative_binomial_fast(k, mean, concentration, *, normalized=True):
+def _fast_form(stirlerr_at, k, mean, concentration):
     """`_negative_binomial_element` without a select (fusedlp._xla), for fuse's common path,
     less `_negative_binomial_data`: the same pieces in their select-free forms, k = 0 and
-    k > 0 blended by an exact mask (k is data: min and max on it carry no tangent). With
-    that part, not finite for k off the support, an invalid parameter, or a ratio that
-    over- or underflows (the exact pass's cases)."""
-    del normalized  # it changes the part in k alone
+    k > 0 blended by an exact mask (k is data: min and max on it carry no tangent), with
+    stirlerr(phi + k) from ``stirlerr_at(phi, k)``. With that part, not finite for k off
+    the support, an invalid parameter, or a ratio that over- or underflows (the exact
+    pass's cases)."""
     mu, phi = mean, concentration
     verdict = _xla.nan_unless_nonneg(mu) + jax.lax.stop_gradient(jnp.log(phi) - jnp.log(phi))
     at_zero = -_special.xlog1p_ratio_fast(phi, mu)
     positive = jnp.minimum(k, 1.0)  # 1 for a count k >= 1, 0 at k = 0
-    lp = _log_nb_positive(jnp.maximum(k, 1.0), mu, phi, _special.stirlerr_fast,
-                          _special.bd0_fast)
+    kp = jnp.maximum(k, 1.0)
+    lp = _log_nb_positive(kp, mu, phi, stirlerr_at(phi, kp), _special.bd0_fast)
     return positive * lp + (1.0 - positive) * at_zero + verdict
+
+
+def _negative_binomial_fast(k, mean, concentration, *, normalized=True):
+    """The fast form for any concentration: stirlerr(phi + k) per element."""
+    del normalized  # it changes the part in k alone
+    return _fast_form(lambda phi, k: _special.stirlerr_fast(phi + k), k, mean, concentration)
+
+
+def _negative_binomial_fast_shared(k, mean, concentration, *, normalized=True):
+    """The fast form for one concentration shared by every element (a scalar: the usual
+    NB2 regression): stirlerr(phi + k) picked from values for the small counts
+    (`fusedlp._special.stirlerr_by_count`)."""
+    del normalized
+    return _fast_form(_special.stirlerr_by_count, k, mean, concentration)
 
 
 def _negative_binomial_data(k, *, normalized=True):
@@ -124,7 +137,7 @@ def _negative_binomial_dmean(k, mean, concentration, *, normalized=True):
     return _special.ratio(k, mean * one_u) - _special.ratio(jnp.ones_like(one_u), one_u)
 
 
-def _negative_binomial_dconc(k, mean, concentration, *, normalized=True):
+def _dconc_form(dstirlerr_at, k, mean, concentration):
     """The fast form's d/dphi by hand, from Loader's pieces: with n = phi + k, s = phi + mu,
     t = (k - mu)/s and psi(x) = log x - 1/(2x) + stirlerr'(x),
 
@@ -133,9 +146,8 @@ def _negative_binomial_dconc(k, mean, concentration, *, normalized=True):
     (log1p(t) = log(n/s) = log1p(k/phi) - log1p(mu/phi), -t = (mu - k)/s). Near the Poisson
     limit each of the plain form's four terms is O(1/phi) and the answer O(1/phi^2); here
     log1p(t) - t is its series (fusedlp._special.log1pmx_series) near t = 0, and the
-    stirlerr' difference (fusedlp._special.dstirlerr_fast) is O(k/phi^3). Not finite where
-    n/s over- or underflows (the exact pass's cases)."""
-    del normalized  # log k! holds no phi
+    stirlerr' difference (stirlerr'(phi + k) from ``dstirlerr_at(phi, k)``) is O(k/phi^3).
+    Not finite where n/s over- or underflows (the exact pass's cases)."""
     mu, phi = mean, concentration
     n, s = phi + k, phi + mu
     t = _special.ratio(k - mu, s)
@@ -146,15 +158,34 @@ def _negative_binomial_dconc(k, mean, concentration, *, normalized=True):
     direct = jnp.log(_special.ratio(n, s)) - t
     log1pmx = far * direct + (1.0 - far) * _special.log1pmx_series(t)
     # the stirlerr' difference first: each is -1/(2 phi) at small phi, where it is exact
-    dstirlerr = _special.dstirlerr_fast(n) - _special.dstirlerr_fast(phi)
+    dstirlerr = dstirlerr_at(phi, k) - _special.dstirlerr_fast(phi)
     return log1pmx + (0.5 * _special.ratio(_special.ratio(k, n), phi) + dstirlerr)
 
 
-_negative_binomial = kernel(_negative_binomial_element, fast=_negative_binomial_fast,
-                            fast_layout="columns", data=("k",), name="negative_binomial_lpmf",
-                            fast_partials={"mean": _negative_binomial_dmean,
-                                           "concentration": _negative_binomial_dconc},
-                            data_term=_negative_binomial_data, fast_second_order=True)
+def _negative_binomial_dconc(k, mean, concentration, *, normalized=True):
+    """The fast form's d/dphi for any concentration: stirlerr'(phi + k) per element."""
+    del normalized  # log k! holds no phi
+    return _dconc_form(lambda phi, k: _special.dstirlerr_fast(phi + k), k, mean, concentration)
+
+
+def _negative_binomial_dconc_shared(k, mean, concentration, *, normalized=True):
+    """d/dphi of `_negative_binomial_fast_shared`: stirlerr'(phi + k) picked from values
+    for the small counts (`fusedlp._special.dstirlerr_by_count`)."""
+    del normalized
+    return _dconc_form(_special.dstirlerr_by_count, k, mean, concentration)
+
+
+def _nb_kernel(fast, dconc):
+    return kernel(_negative_binomial_element, fast=fast, fast_layout="columns", data=("k",),
+                  name="negative_binomial_lpmf",
+                  fast_partials={"mean": _negative_binomial_dmean, "concentration": dconc},
+                  data_term=_negative_binomial_data, fast_second_order=True)
+
+
+# one kernel for any concentration, one for a concentration shared by every element
+_negative_binomial = _nb_kernel(_negative_binomial_fast, _negative_binomial_dconc)
+_negative_binomial_shared = _nb_kernel(_negative_binomial_fast_shared,
+                                       _negative_binomial_dconc_shared)
 
 
 @constraints.declare(support={"k": constraints.count},
@@ -200,4 +231,6 @@ def negative_binomial_lpmf(
       -1.386294
     """
     del validate_args  # checked by constraints.declare
-    return _negative_binomial(k, mean, concentration, normalized=bool(normalized))
+    shared = jnp.size(concentration) == 1
+    nb = _negative_binomial_shared if shared else _negative_binomial
+    return nb(k, mean, concentration, normalized=bool(normalized))

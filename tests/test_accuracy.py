@@ -612,12 +612,11 @@ def test_student_t_df_partial_between_the_grids_decades():
     assert r[i] <= C["float64"], (r[i], table["inputs"][i])
 
 
-def test_negative_binomial_concentration_partial_between_the_grids_decades():
-    """The fast form's hand-derived d/dconcentration (negative_binomial's
-    `_negative_binomial_dconc`) where the log-scale grid has few points: concentration
-    0.5 ... 30, across the switches of stirlerr' (fusedlp._special.dstirlerr_fast) at 1/2
-    and 7, one point at a time with the fast form running, judged as the sweep judges its
-    grid."""
+@functools.cache
+def _negative_binomial_between_decades():
+    """The fast form's value and partials, one point at a time, where the log-scale grid has
+    few points: concentration 0.5 ... 30, across the switches of stirlerr and stirlerr' at
+    1/2 and 7 and of the small counts' values (fusedlp._special.stirlerr_by_count)."""
     import accuracy_reference
 
     from fusedlp import _xla
@@ -629,11 +628,31 @@ def test_negative_binomial_concentration_partial_between_the_grids_decades():
                                                       points))
     before, _xla.SMALL = _xla.SMALL, 0
     try:
-        _, partials = at.evaluate(at.fusedlp_kernel("negative_binomial_lpmf"), table,
-                                  "float64", each=True)
+        value, partials = at.evaluate(at.fusedlp_kernel("negative_binomial_lpmf"), table,
+                                      "float64", each=True)
     finally:
         _xla.SMALL = before
+    return table, value, partials
+
+
+def test_negative_binomial_concentration_partial_between_the_grids_decades():
+    """The fast form's hand-derived d/dconcentration (negative_binomial's
+    `_negative_binomial_dconc_shared`) between the grid's decades, judged as the sweep
+    judges its grid."""
+    table, _, partials = _negative_binomial_between_decades()
     j = table["diff"].index("concentration")
     r = at.ratios(partials[:, j], table["partials"][:, j], table["sens"][:, 1 + j], "float64")
+    i = int(np.argmax(r))
+    assert r[i] <= C["float64"], (r[i], table["inputs"][i])
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "issue 14, not met: the fast form's value between the grid's decades reaches 9.2 ulps "
+    "times its condition (k = 1, mean = 0.5, concentration = 5.79; 11.0 at 5.04 before "
+    "stirlerr_by_count), against the bound of 8"))
+def test_negative_binomial_value_between_the_grids_decades():
+    """The fast form's value at the points of the test above."""
+    table, value, _ = _negative_binomial_between_decades()
+    r = at.ratios(value, table["value"], table["sens"][:, 0], "float64")
     i = int(np.argmax(r))
     assert r[i] <= C["float64"], (r[i], table["inputs"][i])
