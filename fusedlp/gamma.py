@@ -90,10 +90,14 @@ def _gamma_fast(x, shape, rate):
     return lp + jax.lax.stop_gradient(verdict)
 
 
-# The fast form's partials in x and rate, by hand (the derivation above): in the plain form
-# and Loader's alike, and exact to a few ulps of the terms, which the condition numbers
-# bound. (d/dshape stays forward mode: log(rate x) - digamma(shape) cancels at large shape,
-# where Loader's form keeps it apart.)
+# The fast form's partials, by hand (the derivation above). In x and rate: in the plain
+# form and Loader's alike, and exact to a few ulps of the terms, which the condition numbers
+# bound. In shape: log(rate x) - digamma(shape), whose two terms cancel at large shape; with
+# digamma(a) = log a - 1/(2a) + stirlerr'(a) (fusedlp._special, accurate for every a > 0),
+# d/dshape = -log(shape / (rate x)) + 1/(2 shape) - stirlerr'(shape): nothing left to cancel
+# but the log's argument near 1, which the condition in x bounds, and at a small shape
+# 1/(2 shape) and -stirlerr'(shape) (about 1/(2 shape) too) add. One form for every shape,
+# select-free: a per-element shape forms no digamma.
 # The fast partials' divisions go through _special.ratio, whose derivative -(a/b)/b holds
 # where b^2 under- or overflows: fusedlp.hessian differentiates them (fast_second_order).
 def _gamma_dx(x, shape, rate):
@@ -104,8 +108,13 @@ def _gamma_drate(x, shape, rate):
     return _special.ratio(shape, rate) - x
 
 
+def _gamma_dshape(x, shape, rate):
+    return (0.5 / shape - _special.dstirlerr_fast(shape)) - jnp.log(
+        _special.ratio(shape, rate * x))
+
+
 _gamma = kernel(_gamma_element, fast=_gamma_fast, name="gamma_lpdf",
-                fast_partials={"x": _gamma_dx, "rate": _gamma_drate},
+                fast_partials={"x": _gamma_dx, "shape": _gamma_dshape, "rate": _gamma_drate},
                 fast_second_order=True)
 
 
