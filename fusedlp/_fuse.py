@@ -430,12 +430,13 @@ def _second_order_jvp(spec: _Spec, perturbed, outputs, primals, tangents):
         # twice through the fast form itself compiled slower than it ran faster.
         value, ds, rows = _hand_rows(spec, moved, wanted_of(inner, moved), primals)
     elif fast_form and hand and set(moved) == set(inner):
-        # Some arguments have hand partials (H) and some not (R: the gamma's shape, the
-        # t's df). Rows i in H come from the hand partials, moved along every j (a hand
-        # partial is a formula in all the arguments), where they are finite; rows in R from f's exact pass along R only, and along j in H by symmetry
-        # (H_ij = H_ji, the hand row j along i). Forward over forward through f's exact
-        # form cancels where a hand row does not: d2/dx drate of the gamma's
-        # (shape - 1) log(rate x) subtracts two terms of size 1/(rate x) to 0.
+        # Some arguments have hand partials (H) and some not (R: the t's df). Rows i in H
+        # come from the hand partials, moved along every j (a hand partial is a formula in
+        # all the arguments), where they are finite; rows in R from f's exact pass along R
+        # only, and along j in H by symmetry (H_ij = H_ji, the hand row j along i). Forward
+        # over forward through f's exact form cancels where a hand row does not: d2/dx
+        # drate of the gamma's (shape - 1) log(rate x) subtracts two terms of size
+        # 1/(rate x) to 0.
         rest = [i for i in inner if i not in hand]
         value, ds_r, rows_r = _second_partials(_exact_spec(spec), rest,
                                                wanted_of(rest, rest), True, *primals)
