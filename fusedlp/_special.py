@@ -284,7 +284,8 @@ def _by_count(fn, series, phi, k):
     fn(phi + j), j = 0..15, computed once (a scalar ``phi`` stays unbatched under fuse's
     vmap), by exact indicators max(0, 1 - |k - j|); from 16 on, phi + k > 16 and ``series``
     alone is fn there. Per element, fn itself would form every piece of its select-free
-    blend (an lgamma, a Chebyshev expansion), and counts are mostly small."""
+    blend (the series, a Chebyshev expansion, the recurrence), and counts are mostly
+    small."""
     table = fn(phi + jnp.arange(STIRLERR_TABLE_SIZE, dtype=k.dtype))
     small = sum(table[j] * jnp.maximum(0.0, 1.0 - jnp.abs(k - j))
                 for j in range(STIRLERR_TABLE_SIZE))
