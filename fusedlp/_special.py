@@ -14,11 +14,11 @@ same-signed pieces:
 
 Every function here is ordinary ``jax.numpy`` code, so forward- and reverse-mode
 derivatives of the kernels built from them are as accurate as the values (the series are
-differentiated term by term), except stirlerr, whose lgamma form would differentiate to a
-cancelling ``psi(n) - log n + 1/(2n)``: its derivative is a function of its own,
-``dstirlerr`` (a Chebyshev expansion between 1/2 and 7). Each branch's input is replaced by
-a harmless value where the branch is not selected (the double-``where`` idiom), so second
-derivatives see no NaN.
+differentiated term by term), except stirlerr: between 1/2 and 7 both it and its
+derivative are Chebyshev expansions, and stirlerr's jvp is its derivative's own expansion,
+``dstirlerr``, not the derivative of stirlerr's truncated one. Each branch's input is
+replaced by a harmless value where the branch is not selected (the double-``where``
+idiom), so second derivatives see no NaN.
 """
 
 from __future__ import annotations
@@ -251,8 +251,8 @@ def stirlerr(n):
     return _in_pieces(n, stirling_series, _stirlerr_cheb, _stirlerr_shift)
 
 
-# Both forms' derivative is stirlerr', formed accurately (see _DSTIRLERR_CHEB): forward mode
-# through their lgamma forms subtracts O(1) terms to an O(1/n^2) answer.
+# Both forms' derivative is stirlerr' from its own expansion (_DSTIRLERR_CHEB): forward mode
+# through stirlerr's truncated expansion was up to 3.6 ulps off on [0.3, 8], dstirlerr 1.6.
 @stirlerr.defjvp
 def _stirlerr_jvp(primals, tangents):
     (n,), (t,) = primals, tangents
