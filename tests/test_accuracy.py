@@ -23,6 +23,7 @@ elements where some elements are outside the support.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 
@@ -265,16 +266,28 @@ def test_hessian_ignores_elements_outside_the_support(kernel, tiles, tol):
 # evaluated one by one (a loop, not vmap: under vmap one verdict serves the whole batch, and
 # one point off the fast form's regime sent every point to the exact pass). No xfails here:
 # the known extreme points are those where the exact pass misses (KNOWN_MISSES).
-@functools.cache
-def _fast_results(kernel, dtype):
+@contextlib.contextmanager
+def _fast_forms_at_every_size():
+    """fusedlp._xla.SMALL at 0 for the block: a kernel's fast form runs from one element up.
+    Kernels read the threshold when they are traced and jax keeps traces, so jax's caches
+    are cleared on the way in and out (as conftest's xla_setting does for a test)."""
     from fusedlp import _xla
 
-    table = at.load()[f"{kernel}/{dtype}"]
-    before, _xla.SMALL = _xla.SMALL, 0
+    before = _xla.SMALL
+    jax.clear_caches()
+    _xla.SMALL = 0
     try:
-        value, partials = at.evaluate(at.fusedlp_kernel(kernel), table, dtype, each=True)
+        yield
     finally:
         _xla.SMALL = before
+        jax.clear_caches()
+
+
+@functools.cache
+def _fast_results(kernel, dtype):
+    table = at.load()[f"{kernel}/{dtype}"]
+    with _fast_forms_at_every_size():
+        value, partials = at.evaluate(at.fusedlp_kernel(kernel), table, dtype, each=True)
     _, exact_value, exact_partials = _results(kernel, dtype)
     return table, value, partials, exact_value, exact_partials
 
@@ -578,8 +591,6 @@ SWITCH_POINTS = [
 @cpu_fast_forms
 @pytest.mark.parametrize("kernel,point", SWITCH_POINTS, ids=lambda v: str(v))
 def test_fast_path_at_its_switch_points(kernel, point):
-    from fusedlp import _xla
-
     fn = getattr(fusedlp, kernel)
     argnums = tuple(i for i, a in enumerate(point) if isinstance(a, float))
 
@@ -587,11 +598,8 @@ def test_fast_path_at_its_switch_points(kernel, point):
         return jax.value_and_grad(fn, argnums=argnums)(*point)
 
     exact = run()
-    before, _xla.SMALL = _xla.SMALL, 0
-    try:
+    with _fast_forms_at_every_size():
         fast = jax.jit(run)()
-    finally:
-        _xla.SMALL = before
     for got, want in zip(jax.tree.leaves(fast), jax.tree.leaves(exact)):
         np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-15)
 
@@ -619,19 +627,14 @@ def _negative_binomial_between_decades():
     1/2 and 7 and of the small counts' values (fusedlp._special.stirlerr_by_count)."""
     import accuracy_reference
 
-    from fusedlp import _xla
-
     phis = [*np.linspace(0.5, 30.0, 40), 0.499, 0.501, 0.999, 1.0, 1.001, 6.999, 7.0, 7.001]
     points = [(float(k), mean, float(phi)) for k in (0, 1, 5, 40) for mean in (0.5, 40.0)
               for phi in phis]
     table = at.as_arrays(accuracy_reference.reference("negative_binomial_lpmf", "float64",
                                                       points))
-    before, _xla.SMALL = _xla.SMALL, 0
-    try:
+    with _fast_forms_at_every_size():
         value, partials = at.evaluate(at.fusedlp_kernel("negative_binomial_lpmf"), table,
                                       "float64", each=True)
-    finally:
-        _xla.SMALL = before
     return table, value, partials
 
 

@@ -829,7 +829,6 @@ def test_vmapped_batch_with_one_edge_member_matches_each_member(kernel, batch, e
     exact pass behind it over all members at once or (a block of 25 members) over blocks
     of whole members, the last overlapping the one before (fusedlp._xla.blockwise's
     batching rule)."""
-
     b, n = (64, 40) if batch.startswith("64x40") else (3, 3000)
     if batch.endswith("blocks"):
         xla_setting("BLOCK", 1000)

@@ -205,7 +205,6 @@ def test_poisson_fast_value_is_summed_over_blocks(name, counts, rng):
 @on_cpu
 def test_the_temporaries_check_sees_a_whole_exact_pass(rng, xla_setting):
     """The bound above can fail: with blocks larger than N, the exact pass is whole."""
-
     xla_setting("BLOCK", 2**30)
     fn = jax.value_and_grad(_vector_parameter_kernels(rng, BLOCKS_N)["negative_binomial"])
     assert _temporaries(fn, np.full(BLOCKS_N, 1.5), n=BLOCKS_N) > 4.5
@@ -262,7 +261,6 @@ def test_exact_pass_in_blocks_is_one_copy_in_the_program(name, xla_setting):
     64 members ends in a block that overlaps the one before, and its program is that of 75
     (three whole blocks); a problem of 3100 elements goes in four blocks of 775, and its
     program is that of 3000. Of 3001 (a prime), the remainder's copy shows."""
-
     xla_setting("BLOCK", 1000)
     batch = jax.vmap(jax.value_and_grad(_KERNELS_OF_DATA[name]))
     assert _program_lines(batch, (64, 40)) == _program_lines(batch, (75, 40))
@@ -337,7 +335,6 @@ def test_the_basis_vector_count_sees_an_unfenced_chain(rng, xla_setting):
     """The bound above can fail: without the fence, f's chain is formed per basis vector (the
     Student t in its df, which has no hand partial: its Hessian runs f forward over forward,
     where the others now differentiate their hand partials)."""
-
     xla_setting("fenced", lambda fn, shapes, *arrays: fn(*arrays))
     assert _ops_per_basis_vector(_optimised_hlo(*_glm_hessian("student_t_df", rng))) > 40
 
