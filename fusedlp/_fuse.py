@@ -425,9 +425,10 @@ def _second_order_jvp(spec: _Spec, perturbed, outputs, primals, tangents):
     hand = {i for i, _ in spec.fast_partials} & set(inner)
     fast_form = spec.fast_second_order and spec.mode == "jvp"
     if fast_form and hand and set(moved) <= hand and set(inner) <= hand:
-        # the fast form's hand-derived partials differentiated, where all are finite, f's
-        # exact second partials otherwise. Only where every argument has one: forward mode
-        # twice through the fast form itself compiled slower than it ran faster.
+        # the fast form's hand-derived partials differentiated, where all of an element's
+        # are finite, f's exact second partials otherwise. Only where every argument has
+        # one: forward mode twice through the fast form itself compiled slower than it ran
+        # faster.
         value, ds, rows = _hand_rows(spec, moved, wanted_of(inner, moved), primals)
     elif fast_form and hand and set(moved) == set(inner):
         # Some arguments have hand partials (H) and some not (R: the t's df). Rows i in H
@@ -470,7 +471,8 @@ def _second_order_jvp(spec: _Spec, perturbed, outputs, primals, tangents):
 def _hand_rows(spec: _Spec, moved, wanted, primals):
     """`_second_partials` of the fast form's hand partials (rows ``wanted[j]`` along each
     moved j) where all are finite, else of f's exact pass (fusedlp._xla.fast_or_exact, at
-    every size: these are the accurate ones). Returns ``(value, first partials, rows)``,
+    every size: these are the accurate ones), element by element: in the exact pass, each
+    element whose hand pieces are finite keeps them. Returns ``(value, first partials, rows)``,
     rows a dict by moved j of (its first partial, or None where it has no hand partial,
     and the wanted second partials)."""
     firsts = {i for i, _ in spec.fast_partials}
@@ -480,21 +482,41 @@ def _hand_rows(spec: _Spec, moved, wanted, primals):
         return value, ds, [(d if j in firsts else None, hs)
                            for j, (d, hs) in zip(moved, pushed)]
 
-    def pieces(spec, edge_rule):
-        return lambda *a: keep_firsts(_second_partials(spec, moved, wanted, edge_rule, *a))
+    def pieces(spec, edge_rule, summed=True):
+        return lambda *a: keep_firsts(_second_partials(spec, moved, wanted, edge_rule, *a,
+                                                       summed=summed))
+
+    def fast(*a):  # the fast pieces, and the elements' values for per_element
+        fv, ds, pushed = pieces(_fast_spec(spec), False, summed=False)(*a)
+        return _value(fv, fv.dtype), ds, pushed, fv
+
+    def per_element(fast_out, *a):
+        # The exact pass, but each element whose hand pieces are finite (and whose value is:
+        # on the support, valid parameters) keeps them: one element off the support sends
+        # the batch here, and f's own second partials lose all digits at extreme points.
+        _, fds, fpushed, fv = fast_out
+        ev, eds, epushed = pieces(_exact_spec(spec), True, summed=False)(*a)
+        ok = jnp.isfinite(fv) & jnp.isfinite(ev)
+        for leaf in jax.tree.leaves((fds, fpushed)):
+            ok = ok & jnp.isfinite(leaf)
+
+        def pick(f, e):
+            return None if f is None else jnp.where(ok, f, e)
+        return (_value(ev, ev.dtype), jax.tree.map(pick, fds, eds),
+                jax.tree.map(pick, fpushed, epushed, is_leaf=lambda x: x is None), fv)
 
     n = math.prod(jnp.broadcast_shapes(*(a.shape for a in primals)))
-    value, ds, pushed = _xla.fast_or_exact(
-        n, _plus_offset(spec, pieces(_fast_spec(spec), False)),
-        pieces(_exact_spec(spec), True), *primals, accurate=True)
+    value, ds, pushed, _ = _xla.fast_or_exact(n, _plus_offset(spec, fast), per_element,
+                                              *primals, accurate=True, exact_sees_fast=True)
     return value, ds, dict(zip(moved, pushed))
 
 
-def _second_partials(spec: _Spec, moved, wanted, edge_rule: bool, *arrays):
+def _second_partials(spec: _Spec, moved, wanted, edge_rule: bool, *arrays, summed=True):
     """The per-element pieces of `_second_order_jvp`, over the flattened elements: the summed
-    value, the first partials of the inner arguments (``wanted[moved[0]]``: all of them),
-    and per moved argument j its first partial and the second partials ``wanted[j]``; with
-    the edge rule if ``edge_rule`` (a fast form's are used only where all are finite).
+    value (per element if not ``summed``), the first partials of the inner arguments
+    (``wanted[moved[0]]``: all of them), and per moved argument j its first partial and the
+    second partials ``wanted[j]``; with the edge rule if ``edge_rule`` (a fast form's are
+    used only where all are finite).
 
     Forward mode along j (a tangent of ones: the elements are independent, as in
     `_partials`): over f's forward mode, or, for a fast form, over its hand-derived
@@ -531,7 +553,7 @@ def _second_partials(spec: _Spec, moved, wanted, edge_rule: bool, *arrays):
                          flat[moved[0]], flat)
     (v, ds), _ = pushed[0]  # moved[0] wants every inner partial
     rule = functools.partial(_edge_rule, v) if edge_rule else (lambda d: d.astype(dtype))
-    return (_value(v, dtype), {i: rule(d) for i, d in ds.items()},
+    return (_value(v, dtype) if summed else v.astype(dtype), {i: rule(d) for i, d in ds.items()},
             [(rule(d), {i: rule(h) for i, h in hs.items()}) for (_, (d, hs)) in pushed])
 
 

@@ -256,7 +256,8 @@ def _in_blocks(fn: Callable, arrays, batched, n: int, size: int):
 
 
 def fast_or_exact(n: int, fast: Callable, exact: Callable, *arrays,
-                  exact_blocks: Callable | None = None, accurate: bool = False):
+                  exact_blocks: Callable | None = None, accurate: bool = False,
+                  exact_sees_fast: bool = False):
     """``fast(*arrays)`` if all its outputs are finite, else ``exact(*arrays)`` (a lax.cond).
 
     ``fast`` is the select-free common path (a summed value and its partials): it must give
@@ -284,13 +285,25 @@ def fast_or_exact(n: int, fast: Callable, exact: Callable, *arrays,
 
     Off the XLA:CPU layouts (`LAYOUT`) ``exact`` runs alone, unless ``accurate``: then the
     choice is made as on XLA:CPU.
+
+    With ``exact_sees_fast``, ``exact`` is called as ``exact(fast(*arrays), *arrays)``: it
+    may keep what the fast pass got right, and after that pass it reuses its result instead
+    of compiling a second copy of it.
     """
+    if exact_sees_fast:
+        given_fast = exact
+
+        def exact(*a):
+            return given_fast(fast(*a), *a)
+
     def finite(out):
         total = jax.lax.stop_gradient(sum(jnp.sum(leaf) for leaf in jax.tree.leaves(out)))
         return batch_all(jnp.isfinite(total))
 
     def fast_then_exact(*a):
         out = fast(*a)
+        if exact_sees_fast:
+            return jax.lax.cond(finite(out), lambda: out, lambda: given_fast(out, *a))
         return jax.lax.cond(finite(out), lambda: out, lambda: (exact_blocks or exact)(*a))
 
     if not (cpu_layouts() or accurate):

@@ -559,16 +559,12 @@ def test_all_second_partials_at_extreme_inputs(kernel):
     assert r.max() <= C_ALL, (_point(table, int(np.argmax(r))), r.max())
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 14, not met: the exact pass's second partials (f forward "
-                   "over forward), which a batch gets where its fast form is not finite "
-                   "(here beside a datum off the support), lose all digits at extreme "
-                   "points; grid points beyond the bound: binomial 97 of 501 (+1.6e-15 for "
-                   "-3.7e-43 at eta = 100), gamma 168 of 434 (NaN for 0 at x = 1e-302, "
-                   "rate = 1e300), negative binomial 144 of 603 (NaN for -1e300 at mean = "
-                   "1e-150), Student t 71 of 300 (NaN for -1e308 at scale = 1e-150)")
 @pytest.mark.parametrize("kernel", sorted(SECOND))
 def test_exact_pass_second_partials_against_mpmath(kernel):
+    """fusedlp.hessian where one element off the support sends the batch to the exact pass:
+    each element whose hand-derived pieces are finite keeps them (f's own second partials,
+    forward over forward, lost all digits at extreme points: binomial 97 of 501 grid points
+    beyond the bound, gamma 168 of 434, negative binomial 144 of 603, t 71 of 300)."""
     table, got, ref, sens = _second_partials(kernel, beside_an_edge=True)
     r = _second_partial_errors(got, ref, sens)
     assert r.max() <= C["float64"], (_point(table, int(np.argmax(r))), r.max())
