@@ -131,10 +131,12 @@ def _negative_binomial_dmean(k, mean, concentration, *, normalized=True):
     fast_second_order). The quotients go through `_special.ratio`, whose derivative holds
     where a square under- or overflows; (k - mu) / (mu (1 + u)) differentiates to a
     cancellation of O(mu) terms over mu^2 (-7e133 for 1e-20 at k = 0, mu = 1e-150).
-    NaN at mu = 0 (the exact pass's boundary)."""
+    The first term is (k/mu) p, p = 1/(1 + u): mu (1 + u) overflows at mu = 1e300,
+    phi = 1e10, where its quotient's derivative was NaN. NaN at mu = 0 (the exact pass's
+    boundary)."""
     del normalized  # log k! holds no mu
-    one_u = 1.0 + mean / concentration
-    return _special.ratio(k, mean * one_u) - _special.ratio(jnp.ones_like(one_u), one_u)
+    p = _special.ratio(jnp.ones_like(mean), 1.0 + mean / concentration)
+    return _special.ratio(k, mean) * p - p
 
 
 def _dconc_form(dstirlerr_at, k, mean, concentration):
@@ -155,7 +157,7 @@ def _dconc_form(dstirlerr_at, k, mean, concentration):
     # direct form's log carries an absolute error of eps, against an answer as small as
     # 0.06 at the switch, and the sum can cancel further (at k = 1, phi = 3, mu -> 0)
     far = _xla.step(jnp.abs(t / (2.0 + t)) - 1.0 / 6.0)
-    direct = jnp.log(_special.ratio(n, s)) - t
+    direct = _special.log_ratio(n, s) - t
     log1pmx = far * direct + (1.0 - far) * _special.log1pmx_series(t)
     # the stirlerr' difference first: each is -1/(2 phi) at small phi, where it is exact
     dstirlerr = dstirlerr_at(phi, k) - _special.dstirlerr_fast(phi)
