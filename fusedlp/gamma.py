@@ -115,7 +115,7 @@ def _gamma_dshape(x, shape, rate):
 
 _gamma = kernel(_gamma_element, fast=_gamma_fast, name="gamma_lpdf",
                 fast_partials={"x": _gamma_dx, "shape": _gamma_dshape, "rate": _gamma_drate},
-                fast_second_order=True)
+                fast_second_order=True, exact_hand_partials="own")
 
 
 @constraints.declare(support={"x": constraints.nonnegative},

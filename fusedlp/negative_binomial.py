@@ -181,7 +181,8 @@ def _nb_kernel(fast, dconc):
     return kernel(_negative_binomial_element, fast=fast, fast_layout="columns", data=("k",),
                   name="negative_binomial_lpmf",
                   fast_partials={"mean": _negative_binomial_dmean, "concentration": dconc},
-                  data_term=_negative_binomial_data, fast_second_order=True)
+                  data_term=_negative_binomial_data, fast_second_order=True,
+                  exact_hand_partials="own")
 
 
 # one kernel for any concentration, one for a concentration shared by every element

@@ -250,7 +250,7 @@ def _t_dscale_jvp(primals, tangents):
 
 _student_t = kernel(_student_t_element, fast=_student_t_fast, name="student_t_lpdf",
                     fast_partials={"x": _t_dx, "loc": _t_dloc, "scale": _t_dscale},
-                    fast_second_order=True)
+                    fast_second_order=True, exact_hand_partials="gated")
 
 
 @constraints.declare(support={"x": constraints.real},
