@@ -89,11 +89,9 @@ class _Spec:
     # the summed data-only part of fast's value, computed when the data were concrete at
     # trace time (kernel's data_term); fast then leaves that part out
     offset: jax.Array | None = None
-    # where the exact pass takes fast_partials in place of f's forward mode (see kernel)
-    exact_hand_partials: str | None = None
-    # the exact pass's, for "gated": the fast form, on whose finite elements it takes
-    # fast_partials (`_hand_where_finite`)
-    hand_domain: Callable | None = None
+    # where the exact pass takes fast_partials in place of f's forward mode (see kernel):
+    # None, "own", or an element function finite where they hold
+    exact_hand_partials: str | Callable | None = None
 
 
 def _elementwise(spec: _Spec, arrays: Sequence[jax.Array]):
@@ -172,9 +170,7 @@ def _fast_spec(spec: _Spec) -> _Spec:
 
 def _exact_spec(spec: _Spec) -> _Spec:
     """``spec`` without its fast form: ``f``'s exact pass, which holds the whole value."""
-    return dataclasses.replace(spec, fast=None, offset=None,
-                               hand_domain=spec.fast if spec.exact_hand_partials == "gated"
-                               else None)
+    return dataclasses.replace(spec, fast=None, offset=None)
 
 
 def _plus_offset(spec: _Spec, fn: Callable) -> Callable:
@@ -206,19 +202,19 @@ def _exact_terms(spec: _Spec, idx, batched, dtype, *flat):
 def _hand_where_finite(spec: _Spec, flat, batched, v, ds):
     """``ds`` (f's per-element partials by forward mode, with the edge rule), but at each
     element where f's value and an argument's hand-derived partial (``spec.fast_partials``)
-    are finite, and for ``exact_hand_partials="gated"`` the fast form's value too, that
+    are finite, and the kernel's domain function where it gives one (see kernel), that
     partial: forward mode through f cancels where the hand form does not (the gamma's
     d/drate is 1/rate + (shape - 1)/rate there, 1e-8 relative at shape = 1e-8; by hand,
-    shape/rate - x). The gate is the fast form's where a hand partial is finite but wrong
+    shape/rate - x). The domain function is for hand partials that are finite but wrong
     outside it (the t's d/dloc is 0 where z^2 overflows). Each argument on its own: the
     NB's d/dmean overflows (k/mean at mean = 1e-300) where its d/dconcentration holds."""
     hand = [(i, p) for i, p in spec.fast_partials if i in ds]
     if spec.exact_hand_partials is None or not hand:
         return ds
     finite = jnp.isfinite(v)
-    if spec.hand_domain is not None:
-        fast = _mapped(dataclasses.replace(spec, f=spec.hand_domain), flat, batched)(*flat)
-        finite = finite & jnp.isfinite(fast)
+    if callable(spec.exact_hand_partials):
+        domain = dataclasses.replace(spec, f=spec.exact_hand_partials)
+        finite = finite & jnp.isfinite(_mapped(domain, flat, batched)(*flat))
     for i, p in hand:
         h = _mapped(dataclasses.replace(spec, f=p), flat, batched)(*flat).astype(ds[i].dtype)
         ds[i] = jnp.where(finite & jnp.isfinite(h), h, ds[i])
@@ -869,7 +865,7 @@ def kernel(
     fast_partials: dict[str, Callable] | None = None,
     data_term: Callable | None = None,
     fast_second_order: bool = False,
-    exact_hand_partials: str | None = None,
+    exact_hand_partials: str | Callable | None = None,
     mode: str = "jvp",
 ) -> Callable:
     """`fuse`, with the options the built-in kernels and the benchmark use.
@@ -903,16 +899,19 @@ def kernel(
     ``exact_hand_partials``: where the exact pass (below ``_xla.SMALL`` elements, and where
     the fast form's sum is not finite) takes ``fast_partials`` in place of f's forward mode,
     for kernels whose forward mode through ``f`` cancels where the hand forms do not: None
-    (nowhere), "gated" (at each element where the fast form, ``f`` and the partial are
-    finite: the fast value is formed beside f's, which costs run and compile time), or
-    "own" (where ``f`` and the partial are finite: only for partials that are themselves
-    not finite wherever they are not accurate, checked on the accuracy grid).
+    (nowhere), "own" (at each element where ``f`` and the partial are finite: for partials
+    that are themselves not finite wherever they are not accurate, checked on the accuracy
+    grid), or a function of the element's arguments that is finite exactly where the hand
+    partials hold (the t's: z^2, whose overflow leaves its d/dloc a finite 0). Not the fast
+    form's own value: formed beside f's it costs time and compile (the binomial's exact
+    pass took 1.36x as long), and it may hold a lax.cond, which the plain layout has none
+    of.
     ``mode``: "jvp" (fuse's rule); for the benchmark, "grad" (reverse mode per element in
     the rule) and "autodiff" (no rule: jnp.sum of vmap(f), plain autodiff).
     """
     if mode not in ("jvp", "grad", "autodiff"):
         raise ValueError(f"fuse: unknown mode {mode!r}")
-    if exact_hand_partials not in (None, "gated", "own"):
+    if not (exact_hand_partials in (None, "own") or callable(exact_hand_partials)):
         raise ValueError(f"fuse: unknown exact_hand_partials {exact_hand_partials!r}")
     if not callable(f):
         raise TypeError(f"fuse: expected a callable, got {type(f).__name__}")
@@ -969,6 +968,9 @@ def kernel(
         fast_elem = (functools.partial(fast, **options) if options else fast) if fast else None
         hand = tuple((params.index(a), functools.partial(p, **options) if options else p)
                      for a, p in (fast_partials or {}).items())
+        exact = exact_hand_partials
+        if callable(exact) and options:
+            exact = functools.partial(exact, **options)
         offset = None
         if fast_elem is not None and data_term is not None:
             term = functools.partial(data_term, **options) if options else data_term
@@ -979,7 +981,7 @@ def kernel(
                 fast_elem = _with_data_term(fast_elem, term, pos)
         spec = _Spec(elem, nondiff, mode, fast_elem, fast_layout, fast_partials=hand,
                      offset=offset, fast_second_order=fast_second_order and bool(hand),
-                     exact_hand_partials=exact_hand_partials if hand else None)
+                     exact_hand_partials=(exact if hand else None))
         # "autodiff", the benchmark's reference: the same sum, no custom rule
         value = _fused_value if mode == "autodiff" else _fused
         return value(spec, *(a.astype(dt) for a in arrays))

@@ -248,9 +248,17 @@ def _t_dscale_jvp(primals, tangents):
             mixed * (tloc - tx) + dscale * tscale + ddf * tdf)
 
 
+def _t_hand_domain(x, df, loc, scale):
+    """Finite exactly where the hand partials hold: where z^2 does not overflow (beyond,
+    d/dloc's (nu + 1) / (nu + z^2) is a finite 0, and the fast form is not finite)."""
+    del df
+    z = _special.ratio(x - loc, scale)
+    return z * z
+
+
 _student_t = kernel(_student_t_element, fast=_student_t_fast, name="student_t_lpdf",
                     fast_partials={"x": _t_dx, "loc": _t_dloc, "scale": _t_dscale},
-                    fast_second_order=True, exact_hand_partials="gated")
+                    fast_second_order=True, exact_hand_partials=_t_hand_domain)
 
 
 @constraints.declare(support={"x": constraints.real},
