@@ -903,9 +903,8 @@ def kernel(
     that are themselves not finite wherever they are not accurate, checked on the accuracy
     grid), or a function of the element's arguments that is finite exactly where the hand
     partials hold (the t's: z^2, whose overflow leaves its d/dloc a finite 0). Not the fast
-    form's own value: formed beside f's it costs time and compile (the binomial's exact
-    pass took 1.36x as long), and it may hold a lax.cond, which the plain layout has none
-    of.
+    form's own value: formed beside f's it costs time and compile (docs/performance.md),
+    and it may hold a lax.cond, which the plain layout has none of.
     ``mode``: "jvp" (fuse's rule); for the benchmark, "grad" (reverse mode per element in
     the rule) and "autodiff" (no rule: jnp.sum of vmap(f), plain autodiff).
     """
