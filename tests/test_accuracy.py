@@ -304,6 +304,47 @@ def test_fast_path_within_the_bound_or_the_exact_passs_error(case):
         f"exact pass {old[i]!r}, expected {ref[i]!r}; {int(bad.sum())} points")
 
 
+@functools.cache
+def _carried_partials(kernel, dtype):
+    """The first partials a Hessian pass carries, `fitting._grad_hessian`'s way (the inner
+    gradient of ``jacrev(grad)``, kept as aux: what a Newton fit steps on and judges
+    convergence by), at every grid point, vmapped as `_results` is."""
+    table = at.load()[f"{kernel}/{dtype}"]
+    fn = at.fusedlp_kernel(kernel)
+    argnums = tuple(table["args"].index(d) for d in table["diff"])
+    cols = [jnp.asarray(table["inputs"][:, i], dtype=dtype) for i in range(len(table["args"]))]
+
+    def carried(*point):
+        def grad_and_aux(*a):
+            g = jax.grad(fn, argnums=argnums)(*a)
+            return g, g
+        return jax.jacrev(grad_and_aux, argnums=argnums, has_aux=True)(*point)[1]
+
+    partials = jax.jit(jax.vmap(carried))(*cols)
+    return table, np.stack([np.asarray(p, dtype=np.float64) for p in partials], axis=1)
+
+
+@pytest.mark.parametrize("case", [q for q in QUANTITIES if q[2] != "value"], ids=_id)
+def test_gradient_in_a_hessian_pass_within_the_bound_where_grads_is(case):
+    """The gradient that ``jacrev(grad)`` carries (a kernel's second-order rule forms its
+    own first partials) is within the bound wherever jax.grad's is, and NaN only where
+    jax.grad's is: a Newton fit steps on it."""
+    kernel, dtype, quantity = case
+    table, carried = _carried_partials(kernel, dtype)
+    _, _, partials = _results(kernel, dtype)
+    j = table["diff"].index(quantity)
+    got, old, ref = carried[:, j], partials[:, j], table["partials"][:, j]
+    sens, judged = table["sens"][:, 1 + j], at.judged_partials(table)
+    r_got = np.where(judged, at.ratios(got, ref, sens, dtype), 0.0)
+    r_old = np.where(judged, at.ratios(old, ref, sens, dtype), 0.0)
+    bad = ((r_got > C[dtype]) & (r_old <= C[dtype])) | (np.isnan(got) & ~np.isnan(old))
+    i = int(np.argmax(np.where(bad, r_got, -1.0)))
+    assert not bad.any(), (
+        f"{kernel} {dtype} {quantity}: carried by the Hessian pass, error/(eps*max(1,cond)) "
+        f"= {r_got[i]:.3g} (jax.grad {r_old[i]:.3g}) at {_point(table, i)}: got {got[i]!r}, "
+        f"jax.grad {old[i]!r}, expected {ref[i]!r}; {int(bad.sum())} points")
+
+
 # ---------------------------------------------------- second partials (fast_second_order)
 # Kernels built with kernel(fast_second_order=True): fusedlp.hessian differentiates their
 # hand-derived fast partials. Their true second partials have closed forms, evaluated in
