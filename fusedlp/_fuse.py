@@ -92,6 +92,9 @@ class _Spec:
     # where the exact pass takes fast_partials in place of f's forward mode (see kernel):
     # None, "own", or an element function finite where they hold
     exact_hand_partials: str | Callable | None = None
+    # an element function finite where fast_partials and their derivatives hold (see
+    # kernel), judging them in second derivatives in place of the fast form's value
+    hand_verdict: Callable | None = None
 
 
 def _elementwise(spec: _Spec, arrays: Sequence[jax.Array]):
@@ -526,8 +529,11 @@ def _hand_rows(spec: _Spec, moved, wanted, primals):
         return lambda *a: keep_firsts(_second_partials(spec, moved, wanted, edge_rule, *a,
                                                        summed=summed))
 
-    def fast(*a):  # the fast pieces, and the elements' values for per_element
-        fv, ds, pushed = pieces(_fast_spec(spec), False, summed=False)(*a)
+    def fast(*a):  # the fast pieces, and the elements' values (or verdicts) for per_element
+        fast_spec = _fast_spec(spec)
+        if spec.hand_verdict is not None:
+            fast_spec = dataclasses.replace(fast_spec, f=spec.hand_verdict)
+        fv, ds, pushed = pieces(fast_spec, False, summed=False)(*a)
         return _value(fv, fv.dtype), ds, pushed, fv
 
     def per_element(fast_out, *a):
@@ -561,6 +567,10 @@ def _hand_rows(spec: _Spec, moved, wanted, primals):
     n = math.prod(jnp.broadcast_shapes(*(a.shape for a in primals)))
     value, ds, pushed, _ = _xla.fast_or_exact(n, _plus_offset(spec, fast), per_element,
                                               *primals, accurate=True, exact_sees_fast=True)
+    if spec.hand_verdict is not None:
+        # the value from a pass of its own, which XLA drops where it is not used (fit's
+        # Newton steps use the gradient and Hessian alone)
+        value = _fused_value(spec, *primals)
     return value, ds, dict(zip(moved, pushed))
 
 
@@ -893,6 +903,7 @@ def kernel(
     data_term: Callable | None = None,
     fast_second_order: bool = False,
     exact_hand_partials: str | Callable | None = None,
+    hand_verdict: Callable | None = None,
     mode: str = "jvp",
 ) -> Callable:
     """`fuse`, with the options the built-in kernels and the benchmark use.
@@ -932,6 +943,13 @@ def kernel(
     partials hold (the t's: z^2, whose overflow leaves its d/dloc a finite 0). Not the fast
     form's own value: formed beside f's it costs time and compile (docs/performance.md),
     and it may hold a lax.cond, which the plain layout has none of.
+    ``hand_verdict``: for ``fast_second_order``, a function of the element's arguments
+    that is finite (0) wherever the element is on the support with valid parameters and
+    ``fast_partials`` and their derivatives hold, and not finite elsewhere. Second
+    derivatives then judge the hand pieces by it instead of by the fast form's value, and
+    form the value apart, so that a pass that needs no value (fit's Newton steps) does not
+    form it: for a kernel whose value is dear and whose hand partials hold wherever the
+    element is valid (the binomial's k - n sigmoid(eta)).
     ``mode``: "jvp" (fuse's rule); for the benchmark, "grad" (reverse mode per element in
     the rule) and "autodiff" (no rule: jnp.sum of vmap(f), plain autodiff).
     """
@@ -997,6 +1015,9 @@ def kernel(
         exact = exact_hand_partials
         if callable(exact) and options:
             exact = functools.partial(exact, **options)
+        verdict = hand_verdict
+        if verdict is not None and options:
+            verdict = functools.partial(verdict, **options)
         offset = None
         if fast_elem is not None and data_term is not None:
             term = functools.partial(data_term, **options) if options else data_term
@@ -1007,7 +1028,8 @@ def kernel(
                 fast_elem = _with_data_term(fast_elem, term, pos)
         spec = _Spec(elem, nondiff, mode, fast_elem, fast_layout, fast_partials=hand,
                      offset=offset, fast_second_order=fast_second_order and bool(hand),
-                     exact_hand_partials=(exact if hand else None))
+                     exact_hand_partials=(exact if hand else None),
+                     hand_verdict=(verdict if hand and fast_second_order else None))
         # "autodiff", the benchmark's reference: the same sum, no custom rule
         value = _fused_value if mode == "autodiff" else _fused
         return value(spec, *(a.astype(dt) for a in arrays))
