@@ -146,10 +146,12 @@ def _binomial_hand_verdict(k, n, logit, *, normalized=True):
 
 
 _bernoulli_logit = fuse(_bernoulli_logit_element, data=("y",), name="bernoulli_logit_lpmf")
-_binomial_logit = kernel(_binomial_logit_element, fast=_binomial_logit_fast,
-                         fast_layout="columns", data=("k", "n"), name="binomial_logit_lpmf",
-                         fast_partials={"logit": _binomial_dlogit},
-                         data_term=_binomial_logit_data, fast_second_order=True,
+# the kernel's options but its verdict (tests/test_programs.py builds it without one too)
+_BINOMIAL_LOGIT_OPTIONS = dict(fast=_binomial_logit_fast, fast_layout="columns",
+                               data=("k", "n"), name="binomial_logit_lpmf",
+                               fast_partials={"logit": _binomial_dlogit},
+                               data_term=_binomial_logit_data, fast_second_order=True)
+_binomial_logit = kernel(_binomial_logit_element, **_BINOMIAL_LOGIT_OPTIONS,
                          hand_verdict=_binomial_hand_verdict)
 
 

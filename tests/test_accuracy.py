@@ -279,6 +279,15 @@ cpu_fast_forms = pytest.mark.skipif(jax.default_backend() != "cpu",
                                     reason="the fast forms run under XLA:CPU's layouts only")
 
 
+def _misses_where_other_holds(got, other, ref, sens, judged, dtype):
+    """``(bad, r_got, r_other)``: the points where ``got`` is beyond the bound while another
+    pass's answer ``other`` is within it, or NaN where ``other`` is not; and both ratios."""
+    r_got = np.where(judged, at.ratios(got, ref, sens, dtype), 0.0)
+    r_other = np.where(judged, at.ratios(other, ref, sens, dtype), 0.0)
+    bad = ((r_got > C[dtype]) & (r_other <= C[dtype])) | (np.isnan(got) & ~np.isnan(other))
+    return bad, r_got, r_other
+
+
 @cpu_fast_forms
 @pytest.mark.parametrize("case", QUANTITIES, ids=_id)
 def test_fast_path_within_the_bound_or_the_exact_passs_error(case):
@@ -293,10 +302,8 @@ def test_fast_path_within_the_bound_or_the_exact_passs_error(case):
         j = table["diff"].index(quantity)
         got, old, ref = partials[:, j], exact_partials[:, j], table["partials"][:, j]
         sens, judged = table["sens"][:, 1 + j], at.judged_partials(table)
-    r_fast = np.where(judged, at.ratios(got, ref, sens, dtype), 0.0)
-    r_exact = np.where(judged, at.ratios(old, ref, sens, dtype), 0.0)
     # at the known extreme points, where the exact pass misses too, only NaN is judged
-    bad = ((r_fast > C[dtype]) & (r_exact <= C[dtype])) | (np.isnan(got) & ~np.isnan(old))
+    bad, r_fast, r_exact = _misses_where_other_holds(got, old, ref, sens, judged, dtype)
     i = int(np.argmax(np.where(bad, r_fast, -1.0)))
     assert not bad.any(), (
         f"{kernel} {dtype} {quantity}: fast path error/(eps*max(1,cond)) = {r_fast[i]:.3g} "
@@ -331,13 +338,9 @@ def test_gradient_in_a_hessian_pass_within_the_bound_where_grads_is(case):
     jax.grad's is: a Newton fit steps on it."""
     kernel, dtype, quantity = case
     table, carried = _carried_partials(kernel, dtype)
-    _, _, partials = _results(kernel, dtype)
-    j = table["diff"].index(quantity)
-    got, old, ref = carried[:, j], partials[:, j], table["partials"][:, j]
-    sens, judged = table["sens"][:, 1 + j], at.judged_partials(table)
-    r_got = np.where(judged, at.ratios(got, ref, sens, dtype), 0.0)
-    r_old = np.where(judged, at.ratios(old, ref, sens, dtype), 0.0)
-    bad = ((r_got > C[dtype]) & (r_old <= C[dtype])) | (np.isnan(got) & ~np.isnan(old))
+    old, ref, sens, judged = _quantity(*case)  # jax.grad's
+    got = carried[:, table["diff"].index(quantity)]
+    bad, r_got, r_old = _misses_where_other_holds(got, old, ref, sens, judged, dtype)
     i = int(np.argmax(np.where(bad, r_got, -1.0)))
     assert not bad.any(), (
         f"{kernel} {dtype} {quantity}: carried by the Hessian pass, error/(eps*max(1,cond)) "

@@ -345,10 +345,7 @@ def test_binomial_hessian_drops_the_value(rng):
     logs and exps; 10 against 16 per element when written)."""
     from fusedlp._fuse import kernel
 
-    without = kernel(binomial._binomial_logit_element, fast=binomial._binomial_logit_fast,
-                     fast_layout="columns", data=("k", "n"), name="binomial_logit_lpmf",
-                     fast_partials={"logit": binomial._binomial_dlogit},
-                     data_term=binomial._binomial_logit_data, fast_second_order=True)
+    without = kernel(binomial._binomial_logit_element, **binomial._BINOMIAL_LOGIT_OPTIONS)
     d = _data(rng)
     X = rng.normal(size=(N, P)) * 0.1
 
