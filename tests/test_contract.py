@@ -627,7 +627,9 @@ def test_grad_matches_autodiff_of_plain_formula(case, shapes, dtype, rng, tol):
 def test_check_grads_finite_differences(case, shapes, dtype, order, rng, tol):
     t = tol(dtype)
     args = case.make(rng, shapes, dtype, "fd")
-    f = lambda *d: case.fused(*_with(case, args, d))  # noqa: E731
+    # jitted: eager, every primitive of the rules is compiled on its own (minutes per case in
+    # CI); test_jit_and_grad_compositions checks that jit changes nothing
+    f = jax.jit(lambda *d: case.fused(*_with(case, args, d)))
     check_grads(f, _diff_args(case, args), order=order, modes=["rev"],
                 eps=t["fd_eps"], atol=t["fd_atol"], rtol=t["fd_rtol"])
 
@@ -659,21 +661,23 @@ def test_vmap_over_leading_batch_axis(case, shapes, dtype, rng, tol):
     t = tol(dtype)
     batch = [case.make(rng, shapes, dtype, "wide") for _ in range(2)]
     stacked = tuple(np.stack(col) for col in zip(*batch))
-    grad = jax.grad(case.fused, argnums=case.diff)
-    values = jax.vmap(case.fused)(*stacked)
-    grads = jax.vmap(grad)(*stacked)
+    # each program jitted (compiled once, not primitive by primitive: minutes per case in CI
+    # eagerly); test_jit_and_grad_compositions checks that jit changes nothing
+    one, grad = jax.jit(case.fused), jax.jit(jax.grad(case.fused, argnums=case.diff))
+    values = jax.jit(jax.vmap(case.fused))(*stacked)
+    grads = jax.jit(jax.vmap(grad))(*stacked)
     # reverse mode through vmap: a batched cotangent reaches the backward rule
     weights = jnp.asarray([1.5, -0.5], dtype)
-    weighted = jax.grad(lambda *a: jnp.sum(weights * jax.vmap(case.fused)(*a)),
-                        argnums=case.diff)(*stacked)
+    weighted = jax.jit(jax.grad(lambda *a: jnp.sum(weights * jax.vmap(case.fused)(*a)),
+                                argnums=case.diff))(*stacked)
     # batch only the first argument; the others are shared (in_axes=None)
     in_axes = (0,) + (None,) * (len(stacked) - 1)
-    firsts = jax.vmap(case.fused, in_axes=in_axes)(stacked[0], *batch[0][1:])
+    firsts = jax.jit(jax.vmap(case.fused, in_axes=in_axes))(stacked[0], *batch[0][1:])
     assert values.shape == firsts.shape == (2,)
     assert values.dtype == firsts.dtype == dtype
     for b, args in enumerate(batch):
         _, mag = case.reference(*(as64(a) for a in args))
-        assert_close(values[b], case.fused(*args), t["value"], mag, f"vmap value {b}")
+        assert_close(values[b], one(*args), t["value"], mag, f"vmap value {b}")
         for g, gw, w, m in zip(grads, weighted, grad(*args),
                                case.grad_mag(*(as64(a) for a in args))):
             assert g.shape[1:] == w.shape and gw.shape == g.shape and gw.dtype == dtype
@@ -682,7 +686,7 @@ def test_vmap_over_leading_batch_axis(case, shapes, dtype, rng, tol):
             assert_close(gw[b], c * np.asarray(w), t["grad"], abs(c) * m, f"grad of vmap {b}")
         mixed = (args[0],) + batch[0][1:]
         _, mag = case.reference(*(as64(a) for a in mixed))
-        assert_close(firsts[b], case.fused(*mixed), t["value"], mag, f"vmap first-arg {b}")
+        assert_close(firsts[b], one(*mixed), t["value"], mag, f"vmap first-arg {b}")
 
 
 @case_shapes
