@@ -633,11 +633,42 @@ def _forward_outputs(spec: _Spec, perturbed, *arrays):
                                     force_exact=force_exact)
 
         exact = _exact_spec(spec)
+        if _verdict_judges(spec, perturbed):
+            # The hand partials judged by the kernel's verdict, the value from a pass of its
+            # own: jax.grad alone, which uses no value, does not form it.
+            grads = _xla.fast_or_exact(
+                n, functools.partial(_judged_hand_partials, spec, perturbed),
+                lambda *a: run(exact, True, *a)[1], *(a.value for a in args),
+                exact_blocks=lambda *a: _exact_blocks(exact, perturbed, *a)[1])
+            return _fused_value(spec, *(a.value for a in args)), grads
         return _xla.fast_or_exact(
             n, _plus_offset(spec, functools.partial(run, _fast_spec(spec), False)),
             functools.partial(run, exact, True), *(a.value for a in args),
             exact_blocks=functools.partial(_exact_blocks, exact, perturbed))
     return _fused_fwd_plain(spec, *args)
+
+
+def _verdict_judges(spec: _Spec, perturbed) -> bool:
+    """Whether the first-order fast pass is the hand partials judged by ``spec.hand_verdict``
+    (see kernel): where the kernel gives one and every differentiated argument has a hand
+    partial."""
+    wanted = {i for i, (p, nd) in enumerate(zip(perturbed, spec.nondiff)) if p and not nd}
+    return (spec.hand_verdict is not None and bool(wanted)
+            and wanted <= {i for i, _ in spec.fast_partials})
+
+
+def _judged_hand_partials(spec: _Spec, perturbed, *arrays):
+    """Each differentiated argument's hand partial, folded, with the verdict added per
+    element: not finite wherever the verdict is not, so that fusedlp._xla.fast_or_exact
+    takes the exact pass there. No value: it comes from a pass of its own."""
+    _, flat, shape, batched = _elementwise(spec, arrays)
+    verdict = _over(spec, spec.hand_verdict, flat, batched)
+    grads = [None] * len(arrays)
+    for i, p in spec.fast_partials:
+        if perturbed[i] and not spec.nondiff[i]:
+            d = _over(spec, p, flat, batched) + verdict
+            grads[i] = _fold(d, arrays[i], batched[i], shape)
+    return tuple(grads)
 
 
 def _fused_fwd_plain(spec: _Spec, *args, force_exact: bool = False):
@@ -945,11 +976,12 @@ def kernel(
     and it may hold a lax.cond, which the plain layout has none of.
     ``hand_verdict``: for ``fast_second_order``, a function of the element's arguments
     that is finite (0) wherever the element is on the support with valid parameters and
-    ``fast_partials`` and their derivatives hold, and not finite elsewhere. Second
-    derivatives then judge the hand pieces by it instead of by the fast form's value, and
-    form the value apart, so that a pass that needs no value (fit's Newton steps) does not
-    form it: for a kernel whose value is dear and whose hand partials hold wherever the
-    element is valid (the binomial's k - n sigmoid(eta)).
+    ``fast_partials`` and their derivatives hold, and not finite elsewhere. First and
+    second derivatives in arguments that all have ``fast_partials`` then judge the hand
+    pieces by it instead of by the fast form's value, and form the value apart, so that a
+    pass that needs no value (``jax.grad`` alone, fit's Newton steps) does not form it: for
+    a kernel whose value is dear and whose hand partials hold wherever the element is valid
+    (the binomial's k - n sigmoid(eta)).
     ``mode``: "jvp" (fuse's rule); for the benchmark, "grad" (reverse mode per element in
     the rule) and "autodiff" (no rule: jnp.sum of vmap(f), plain autodiff).
     """

@@ -73,6 +73,18 @@ def nan_unless_nonneg(a):
     return jnp.sqrt(a) - jnp.sqrt(a)
 
 
+def nan_unless_all_nonneg(*arrays):
+    """0 where every one of ``arrays`` is >= 0 and finite, NaN elsewhere (broadcast): one
+    `nan_unless_nonneg` of their least, which NaN reaches too (min and max pass NaN on), and
+    their greatest less itself, NaN where it is inf. Many verdicts for the price of one
+    square root."""
+    arrays = [jax.lax.stop_gradient(a) for a in arrays]
+    least, most = arrays[0], arrays[0]
+    for a in arrays[1:]:
+        least, most = jnp.minimum(least, a), jnp.maximum(most, a)
+    return nan_unless_nonneg(least) + (most - most)
+
+
 def nan_unless_whole(a):
     """0 where ``a`` is a finite whole number, NaN elsewhere: a count's verdict in
     arithmetic (with `nan_unless_nonneg` for its sign)."""

@@ -116,9 +116,7 @@ def _binomial_logit_data(k, n, *, normalized=True):
     """The fast form's part in k and n alone: for 0 < k < n, Loader's
     stirlerr(n) - stirlerr(k) - stirlerr(n - k) - log(2 pi k (n - k) / n) / 2 (if
     ``normalized``), and NaN unless k and n are counts with k <= n."""
-    verdict = (_xla.nan_unless_nonneg(k) + _xla.nan_unless_nonneg(n - k)
-               + _xla.nan_unless_whole(k)
-               + _xla.nan_unless_whole(n))
+    verdict = _counts_verdict(k, n)
     if not normalized:
         return verdict
     inner, ks, ms, ns = _interior(k, n)
@@ -126,6 +124,12 @@ def _binomial_logit_data(k, n, *, normalized=True):
             - _special.stirlerr_int_fast(ms)
             - _special.HALF_LOG_2PI - 0.5 * (jnp.log(ks) + jnp.log1p(-ks / ns)))
     return inner * part + verdict
+
+
+def _counts_verdict(k, n):
+    """0 where k and n are whole numbers with 0 <= k <= n, NaN elsewhere: floor(a) - a is 0
+    for a whole a, negative otherwise."""
+    return _xla.nan_unless_all_nonneg(k, n - k, jnp.floor(k) - k, jnp.floor(n) - n)
 
 
 def _binomial_dlogit(k, n, logit, *, normalized=True):
@@ -141,8 +145,7 @@ def _binomial_hand_verdict(k, n, logit, *, normalized=True):
     `_binomial_dlogit` and its derivative hold, so a Hessian pass judges them by this,
     without forming the value (Loader's pieces, the kernel's dearest part)."""
     del normalized
-    return (_binomial_logit_data(k, n, normalized=False)
-            + jax.lax.stop_gradient(logit - logit))
+    return _counts_verdict(k, n) + jax.lax.stop_gradient(logit - logit)
 
 
 _bernoulli_logit = fuse(_bernoulli_logit_element, data=("y",), name="bernoulli_logit_lpmf")

@@ -113,9 +113,21 @@ def _gamma_dshape(x, shape, rate):
         _special.ratio(shape, rate * x))
 
 
-_gamma = kernel(_gamma_element, fast=_gamma_fast, name="gamma_lpdf",
-                fast_partials={"x": _gamma_dx, "shape": _gamma_dshape, "rate": _gamma_drate},
-                fast_second_order=True, exact_hand_partials="own")
+def _gamma_hand_verdict(x, shape, rate):
+    """0 where shape and rate are positive and finite and rate x is a finite normal number
+    (the fast form's own verdict), NaN elsewhere: there f is finite, and the hand partials
+    hold wherever they are finite (``exact_hand_partials="own"``), so derivatives judge
+    them by this, without forming the value (kernel's ``hand_verdict``)."""
+    tiny = jnp.finfo(jnp.result_type(x, shape, rate)).tiny  # rate = 0 makes rate x = 0
+    return _xla.nan_unless_all_nonneg(rate, shape - tiny, rate * x - tiny)
+
+
+# the kernel's options but its verdict (tests/test_programs.py builds it without one too)
+_GAMMA_OPTIONS = dict(fast=_gamma_fast, name="gamma_lpdf",
+                      fast_partials={"x": _gamma_dx, "shape": _gamma_dshape,
+                                     "rate": _gamma_drate},
+                      fast_second_order=True, exact_hand_partials="own")
+_gamma = kernel(_gamma_element, **_GAMMA_OPTIONS, hand_verdict=_gamma_hand_verdict)
 
 
 @constraints.declare(support={"x": constraints.nonnegative},

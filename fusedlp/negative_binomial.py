@@ -177,12 +177,27 @@ def _negative_binomial_dconc_shared(k, mean, concentration, *, normalized=True):
     return _dconc_form(_special.dstirlerr_by_count, k, mean, concentration)
 
 
+def _negative_binomial_hand_verdict(k, mean, concentration, *, normalized=True):
+    """0 where k is a count and the parameters are valid (mu >= 0 and phi > 0, finite), NaN
+    elsewhere: there f is finite, and the hand partials hold wherever they are finite
+    (``exact_hand_partials="own"``), so derivatives judge them by this, without forming the
+    value (kernel's ``hand_verdict``)."""
+    del normalized
+    tiny = jnp.finfo(jnp.result_type(concentration)).tiny  # phi > 0
+    return _xla.nan_unless_all_nonneg(k, jnp.floor(k) - k, mean, concentration - tiny)
+
+
+def _nb_options(fast, dconc):
+    """The kernel's options but its verdict (tests/test_programs.py builds it without one)."""
+    return dict(fast=fast, fast_layout="columns", data=("k",), name="negative_binomial_lpmf",
+                fast_partials={"mean": _negative_binomial_dmean, "concentration": dconc},
+                data_term=_negative_binomial_data, fast_second_order=True,
+                exact_hand_partials="own")
+
+
 def _nb_kernel(fast, dconc):
-    return kernel(_negative_binomial_element, fast=fast, fast_layout="columns", data=("k",),
-                  name="negative_binomial_lpmf",
-                  fast_partials={"mean": _negative_binomial_dmean, "concentration": dconc},
-                  data_term=_negative_binomial_data, fast_second_order=True,
-                  exact_hand_partials="own")
+    return kernel(_negative_binomial_element, **_nb_options(fast, dconc),
+                  hand_verdict=_negative_binomial_hand_verdict)
 
 
 # one kernel for any concentration, one for a concentration shared by every element
