@@ -14,7 +14,9 @@ in each context, and reports baseline time / fusedlp time (above 1, fusedlp is f
 * ``vmap x10``: a vmapped batch of 10 problems of N/10 each;
 * ``while x5``: five gradient steps inside a ``lax.fori_loop``, data as arguments;
 * ``scalar``: the gradient with respect to scalar parameters only (all partials are
-  reductions), data as arguments.
+  reductions), data as arguments;
+* ``grad alone``: ``jax.grad`` without the value (an optax step, a user's own loop), data
+  as arguments, int32 counts.
 
 It also reports each compiled program's XLA temporaries
 (``compiled.memory_analysis().temp_size_in_bytes``) in units of one N-sized float64 array,
@@ -41,9 +43,10 @@ from bench import _timing
 
 DEFAULT_JSON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                             "contexts.json")
-CONTEXTS = ("args_i32", "args_i64", "closed", "vmap10", "while5", "scalar")
+CONTEXTS = ("args_i32", "args_i64", "closed", "vmap10", "while5", "scalar", "grad")
 HEADINGS = {"args_i32": "args i32", "args_i64": "args i64", "closed": "closed",
-            "vmap10": "vmap x10", "while5": "while x5", "scalar": "scalar"}
+            "vmap10": "vmap x10", "while5": "while x5", "scalar": "scalar",
+            "grad": "grad alone"}
 # Targets of issue 15: every cell at or above the noise floor, the median at or above 1.
 FLOOR, MEDIAN_TARGET, NUMPYRO_TARGET = 0.9, 1.0, 1.3
 
@@ -149,6 +152,9 @@ def _programs(fn, at, data, vec, scalars) -> dict:
     def vg(d, v):  # the parameter at `at` is the vector; the others keep their values
         return jax.value_and_grad(lambda v: fn(d, *scalars[:at], v, *scalars[at + 1:]))(v)
 
+    def grad(d, v):
+        return jax.grad(lambda v: fn(d, *scalars[:at], v, *scalars[at + 1:]))(v)
+
     def as_int(a, dt):
         return jnp.asarray(a.astype(dt) if a.dtype.kind == "i" else a)
 
@@ -173,6 +179,7 @@ def _programs(fn, at, data, vec, scalars) -> dict:
         "vmap10": (jax.vmap(vg), (batched, v.reshape(10, -1))),
         "while5": (steps, (d32, v)),
         "scalar": (lambda d, s: jax.value_and_grad(lambda s: fn(d, *s))(s), (d32, s)),
+        "grad": (grad, (d32, v)),
     }
     out = {}
     for ctx, (f, args) in progs.items():
@@ -195,6 +202,8 @@ def bench_case(case: Case, n: int, cfg: dict) -> dict:
         for a, b in zip(jax.tree.leaves(fg), jax.tree.leaves(bg)):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-8,
                                        err_msg=f"{case.name} {ctx}: gradient")
+    np.testing.assert_allclose(np.asarray(fused["grad"][0]()), np.asarray(base["grad"][0]()),
+                               rtol=1e-6, atol=1e-8, err_msg=f"{case.name} grad: gradient")
     row = {"kernel": case.name, "baseline": case.baseline_name, "n": n, "contexts": {}}
     for ctx in CONTEXTS:
         stats = _timing.time_interleaved(
@@ -282,19 +291,26 @@ def evaluate_targets(rows: list[dict], numpyro: list[dict]) -> list[dict]:
     return targets
 
 
+def _present(rows: list[dict]) -> list[str]:
+    """The contexts every row has (a run before the "grad" context has six)."""
+    return [c for c in CONTEXTS if all(c in r["contexts"] for r in rows)]
+
+
 def table(rows: list[dict]) -> str:
-    head = "| kernel | baseline | N | " + " | ".join(HEADINGS[c] for c in CONTEXTS) + " |"
-    lines = [head, "|---|---|---:|" + "---:|" * len(CONTEXTS)]
+    shown = _present(rows)
+    head = "| kernel | baseline | N | " + " | ".join(HEADINGS[c] for c in shown) + " |"
+    lines = [head, "|---|---|---:|" + "---:|" * len(shown)]
     for r in rows:
-        cells = [f"{r['contexts'][c]['ratio']:.2f}" for c in CONTEXTS]
+        cells = [f"{r['contexts'][c]['ratio']:.2f}" for c in shown]
         lines.append(f"| {r['kernel']} | `{r['baseline']}` | {r['n']:,} | "
                      + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def temporaries_table(rows: list[dict]) -> str:
-    head = "| kernel | N | " + " | ".join(HEADINGS[c] for c in CONTEXTS) + " |"
-    lines = [head, "|---|---:|" + "---:|" * len(CONTEXTS)]
+    shown = _present(rows)
+    head = "| kernel | N | " + " | ".join(HEADINGS[c] for c in shown) + " |"
+    lines = [head, "|---|---:|" + "---:|" * len(shown)]
 
     def cell(c):
         f, b = c["temp_arrays_fusedlp"], c["temp_arrays_baseline"]
@@ -302,7 +318,7 @@ def temporaries_table(rows: list[dict]) -> str:
 
     for r in rows:
         lines.append(f"| {r['kernel']} | {r['n']:,} | "
-                     + " | ".join(cell(r["contexts"][c]) for c in CONTEXTS) + " |")
+                     + " | ".join(cell(r["contexts"][c]) for c in shown) + " |")
     return "\n".join(lines)
 
 

@@ -175,7 +175,7 @@ def test_peak_bandwidth_by_device_kind(kind, gbps, monkeypatch):
 
 
 def test_quick_contexts_benchmark_reports_every_context(tmp_path):
-    """`python -m bench contexts`: per kernel, the six calling contexts' time ratios against
+    """`python -m bench contexts`: per kernel, the seven calling contexts' time ratios against
     autodiff of jax.scipy.stats, the XLA temporaries of both programs, a NumPyro row and
     the issue's targets, in markdown and in the JSON."""
     out_json = tmp_path / "contexts.json"
