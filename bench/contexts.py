@@ -149,11 +149,14 @@ def _programs(fn, at, data, vec, scalars) -> dict:
     """Each context's (compiled program, its arguments)."""
     import jax.numpy as jnp
 
-    def vg(d, v):  # the parameter at `at` is the vector; the others keep their values
-        return jax.value_and_grad(lambda v: fn(d, *scalars[:at], v, *scalars[at + 1:]))(v)
+    def loss(v, d):  # the parameter at `at` is the vector; the others keep their values
+        return fn(d, *scalars[:at], v, *scalars[at + 1:])
+
+    def vg(d, v):
+        return jax.value_and_grad(loss)(v, d)
 
     def grad(d, v):
-        return jax.grad(lambda v: fn(d, *scalars[:at], v, *scalars[at + 1:]))(v)
+        return jax.grad(loss)(v, d)
 
     def as_int(a, dt):
         return jnp.asarray(a.astype(dt) if a.dtype.kind == "i" else a)

@@ -115,9 +115,9 @@ def _gamma_dshape(x, shape, rate):
 
 def _gamma_hand_verdict(x, shape, rate):
     """0 where shape and rate are positive and finite and rate x is a finite normal number
-    (the fast form's own verdict), NaN elsewhere: there f is finite, and the hand partials
-    hold wherever they are finite (``exact_hand_partials="own"``), so derivatives judge
-    them by this, without forming the value (kernel's ``hand_verdict``)."""
+    (the fast form's checks, with shape = 0 refused too), NaN elsewhere: there f is finite,
+    and the hand partials hold wherever they are finite (``exact_hand_partials="own"``), so
+    derivatives judge them by this, without forming the value (kernel's ``hand_verdict``)."""
     tiny = jnp.finfo(jnp.result_type(x, shape, rate)).tiny  # rate = 0 makes rate x = 0
     return _xla.nan_unless_all_nonneg(rate, shape - tiny, rate * x - tiny)
 
