@@ -89,6 +89,9 @@ class _Spec:
     # the summed data-only part of fast's value, computed when the data were concrete at
     # trace time (kernel's data_term); fast then leaves that part out
     offset: jax.Array | None = None
+    # for traced data: (data_term, the data arguments' positions), summed in a reduction of
+    # its own (_plus_offset) that fast leaves out too
+    data_term: tuple[Callable, tuple[int, ...]] | None = None
     # where the exact pass takes fast_partials in place of f's forward mode (see kernel):
     # None, "own", or an element function finite where they hold
     exact_hand_partials: str | Callable | None = None
@@ -168,26 +171,42 @@ class _Primal(NamedTuple):
 
 def _fast_spec(spec: _Spec) -> _Spec:
     return dataclasses.replace(spec, f=spec.fast, fast=None, layout=spec.fast_layout,
-                               partials=spec.fast_partials, fast_partials=(), offset=None)
+                               partials=spec.fast_partials, fast_partials=(), offset=None,
+                               data_term=None)
 
 
 def _exact_spec(spec: _Spec) -> _Spec:
     """``spec`` without its fast form: ``f``'s exact pass, which holds the whole value."""
-    return dataclasses.replace(spec, fast=None, offset=None)
+    return dataclasses.replace(spec, fast=None, offset=None, data_term=None)
 
 
 def _plus_offset(spec: _Spec, fn: Callable) -> Callable:
-    """``fn`` (a fast pass: its value, or its value and partials) with ``spec.offset`` added to
-    the value."""
-    if spec.offset is None:
+    """``fn`` (a fast pass: its value, or its value and partials) with the data-only part of
+    the value added: ``spec.offset``, or for traced data the sum of ``spec.data_term``."""
+    if spec.offset is None and spec.data_term is None:
         return fn
 
     def with_offset(*arrays):
         out = fn(*arrays)
+        offset = spec.offset
+        if offset is None:
+            offset = _data_term_sum(*spec.data_term, arrays)
         if isinstance(out, tuple):
-            return (out[0] + spec.offset, *out[1:])
-        return out + spec.offset
+            return (out[0] + offset, *out[1:])
+        return out + offset
     return with_offset
+
+
+def _data_term_sum(term: Callable, pos, arrays) -> jax.Array:
+    """The sum of ``term`` over the broadcast elements of ``arrays``, from the data arguments
+    ``pos``, in a reduction of its own (fusedlp._xla.data_sum: hoisted out of loops). Its
+    support verdicts make it NaN, and so the fast pass's value, wherever a datum is off the
+    support."""
+    shape = jnp.broadcast_shapes(*(a.shape for a in arrays))
+    data = [arrays[i] for i in pos]
+    own = jnp.broadcast_shapes(*(a.shape for a in data))
+    flat = [jnp.broadcast_to(a, own).reshape(-1) for a in data]
+    return _xla.data_sum(term, *flat) * (math.prod(shape) // max(math.prod(own), 1))
 
 
 def _exact_terms(spec: _Spec, idx, batched, dtype, *flat):
@@ -533,6 +552,10 @@ def _hand_rows(spec: _Spec, moved, wanted, primals):
         fast_spec = _fast_spec(spec)
         if spec.hand_verdict is not None:
             fast_spec = dataclasses.replace(fast_spec, f=spec.hand_verdict)
+        elif spec.data_term is not None:  # each element's value judges it: its data's part too
+            term, pos = spec.data_term
+            fast_spec = dataclasses.replace(
+                fast_spec, f=lambda *e: spec.fast(*e) + term(*(e[i] for i in pos)))
         fv, ds, pushed = pieces(fast_spec, False, summed=False)(*a)
         return _value(fv, fv.dtype), ds, pushed, fv
 
@@ -565,7 +588,8 @@ def _hand_rows(spec: _Spec, moved, wanted, primals):
         return _value(ev, ev.dtype), ds, pushed, fv
 
     n = math.prod(jnp.broadcast_shapes(*(a.shape for a in primals)))
-    value, ds, pushed, _ = _xla.fast_or_exact(n, _plus_offset(spec, fast), per_element,
+    with_offset = _plus_offset(dataclasses.replace(spec, data_term=None), fast)
+    value, ds, pushed, _ = _xla.fast_or_exact(n, with_offset, per_element,
                                               *primals, accurate=True, exact_sees_fast=True)
     if spec.hand_verdict is not None:
         # the value from a pass of its own, which XLA drops where it is not used (fit's
@@ -660,14 +684,21 @@ def _verdict_judges(spec: _Spec, perturbed) -> bool:
 def _judged_hand_partials(spec: _Spec, perturbed, *arrays):
     """Each differentiated argument's hand partial, folded, with the verdict added per
     element: not finite wherever the verdict is not, so that fusedlp._xla.fast_or_exact
-    takes the exact pass there. No value: it comes from a pass of its own."""
+    takes the exact pass there. No value: it comes from a pass of its own. Two or more are
+    formed over blocks (fusedlp._xla.blockwise): what they share (z, the verdict) XLA:CPU
+    writes out as arrays, block-sized there."""
     _, flat, shape, batched = _elementwise(spec, arrays)
-    verdict = _over(spec, spec.hand_verdict, flat, batched)
+    wanted = [(i, p) for i, p in spec.fast_partials if perturbed[i] and not spec.nondiff[i]]
+
+    def judged(*fl):  # per element for an array argument, summed for a scalar one
+        verdict = _over(spec, spec.hand_verdict, fl, batched)
+        ds = [_over(spec, p, fl, batched) + verdict for i, p in wanted]
+        return [d if batched[i] else jnp.sum(d) for (i, _), d in zip(wanted, ds)]
+
     grads = [None] * len(arrays)
-    for i, p in spec.fast_partials:
-        if perturbed[i] and not spec.nondiff[i]:
-            d = _over(spec, p, flat, batched) + verdict
-            grads[i] = _fold(d, arrays[i], batched[i], shape)
+    ds = _xla.blockwise(judged, flat, batched) if len(wanted) > 1 else judged(*flat)
+    for (i, _), d in zip(wanted, ds):
+        grads[i] = _fold(d, arrays[i], batched[i], shape)
     return tuple(grads)
 
 
@@ -895,11 +926,6 @@ def fuse(
     return kernel(f, data=data, name=name)
 
 
-def _with_data_term(fast: Callable, term: Callable, pos: list[int]) -> Callable:
-    """The whole fast form: ``fast`` plus the data-only ``term`` of the arguments ``pos``."""
-    return lambda *a: fast(*a) + term(*(a[i] for i in pos))
-
-
 def _on_one_device(a) -> bool:
     sharding = getattr(a, "sharding", None)  # a NumPy array or a Python number has none
     return sharding is None or len(sharding.device_set) == 1
@@ -1050,16 +1076,17 @@ def kernel(
         verdict = hand_verdict
         if verdict is not None and options:
             verdict = functools.partial(verdict, **options)
-        offset = None
+        offset = traced_term = None
         if fast_elem is not None and data_term is not None:
             term = functools.partial(data_term, **options) if options else data_term
             pos = sorted(data_idx)
             if mode == "jvp" and not _xla.below(math.prod(shape), _xla.SMALL):  # the fast form runs
                 offset = _data_offset(term, [values[i] for i in pos], dt, shape)
             if offset is None:
-                fast_elem = _with_data_term(fast_elem, term, pos)
+                traced_term = (term, tuple(pos))
         spec = _Spec(elem, nondiff, mode, fast_elem, fast_layout, fast_partials=hand,
-                     offset=offset, fast_second_order=fast_second_order and bool(hand),
+                     offset=offset, data_term=traced_term,
+                     fast_second_order=fast_second_order and bool(hand),
                      exact_hand_partials=(exact if hand else None),
                      hand_verdict=(verdict if hand and fast_second_order else None))
         # "autodiff", the benchmark's reference: the same sum, no custom rule

@@ -230,6 +230,23 @@ def blockwise(fn: Callable, flat, batched):
     return whole(*flat)
 
 
+def data_sum(term: Callable, *flat) -> jax.Array:
+    """The sum of the elementwise ``term`` over the vectors ``flat`` (data, all of one
+    length), in a reduction of its own: it reads the data alone, so that inside a loop (a
+    fit's, a sampler's) XLA hoists it out of the loop and it runs once, where a part of
+    the per-element pass runs at every step. Summed from terms written by a loop of their
+    own (`fenced`: XLA:CPU splits a long expression fed to a reduction into loops that
+    each write an array), over blocks (`blockwise`)."""
+    if not flat[0].size:
+        return jnp.zeros((), flat[0].dtype)
+
+    def summed(*fl):
+        terms = jax.vmap(term)
+        return jnp.sum(fenced(terms, jax.eval_shape(terms, *fl), *fl))
+
+    return blockwise(summed, list(flat), [True] * len(flat))
+
+
 def _block_size(n: int) -> int:
     """The largest divisor of ``n`` between half a `BLOCK` and a `BLOCK`, else `BLOCK`:
     blocks that divide ``n`` leave no remainder, which would be a second copy of the pass

@@ -256,9 +256,21 @@ def _t_hand_domain(x, df, loc, scale):
     return z * z
 
 
-_student_t = kernel(_student_t_element, fast=_student_t_fast, name="student_t_lpdf",
-                    fast_partials={"x": _t_dx, "loc": _t_dloc, "scale": _t_dscale},
-                    fast_second_order=True, exact_hand_partials=_t_hand_domain)
+def _t_hand_verdict(x, df, loc, scale):
+    """0 where df and scale are positive normal numbers and z^2 is finite (so x and loc are
+    finite), NaN elsewhere: there f is finite and the hand partials hold (kernel's
+    ``hand_verdict``), so first and second partials are judged without forming the value."""
+    tiny = jnp.finfo(jnp.result_type(x, df, loc, scale)).tiny
+    z2 = jnp.square(_special.ratio(x - loc, scale))
+    # the parameters' part once for scalar ones; per element a subtraction, NaN for inf
+    return _xla.nan_unless_all_nonneg(df - tiny, scale - tiny) + (z2 - z2)
+
+
+# the kernel's options but its verdict (tests/test_programs.py builds it without one too)
+_T_OPTIONS = dict(fast=_student_t_fast, name="student_t_lpdf",
+                  fast_partials={"x": _t_dx, "loc": _t_dloc, "scale": _t_dscale},
+                  fast_second_order=True, exact_hand_partials=_t_hand_domain)
+_student_t = kernel(_student_t_element, **_T_OPTIONS, hand_verdict=_t_hand_verdict)
 
 
 @constraints.declare(support={"x": constraints.real},

@@ -374,27 +374,57 @@ def _with_and_without_verdict(name, rng):
                 kernel(nb._negative_binomial_element, **nb._nb_options(
                     nb._negative_binomial_fast, nb._negative_binomial_dconc)),
                 lambda kern, mu: kern(d["k"], mu, 3.0))
+    if name == "student_t":
+        return (student_t._student_t,
+                kernel(student_t._student_t_element, **student_t._T_OPTIONS),
+                lambda kern, loc: kern(d["x"], 5.0, loc, 1.3))
     return (gamma._gamma, kernel(gamma._gamma_element, **gamma._GAMMA_OPTIONS),
             lambda kern, rate: kern(d["x"], 2.5, rate))
 
 
 @on_cpu
-@pytest.mark.parametrize("name, scalar", [("binomial_logit", False), ("binomial_logit", True),
-                                          ("negative_binomial", False), ("gamma", False)])
-def test_gradient_alone_drops_the_value(name, scalar, rng):
+@pytest.mark.parametrize("name, scalar, fewer", [
+    ("binomial_logit", False, 2), ("binomial_logit", True, 2), ("negative_binomial", False, 2),
+    ("gamma", False, 2), ("student_t", False, 1)])
+def test_gradient_alone_drops_the_value(name, scalar, fewer, rng):
     """The same verdict judges the first-order rule's hand partials, and the value is formed
     apart: ``jax.grad`` alone (an optax step, a user's own loop) does not form the value,
     so its program holds fewer transcendental operations than the same kernel's without
-    the verdict, by at least 2 per element (the binomial: 9 against 15 per element in a
-    vector logit, 4 against 6 in a scalar one, loops' bodies counted once)."""
+    the verdict, by at least ``fewer`` per element (the binomial: 9 against 15 per element
+    in a vector logit, 4 against 6 in a scalar one; the Student t, whose value has one
+    log1p per element: 2 against 3; loops' bodies counted once)."""
     with_verdict, without, lpdf = _with_and_without_verdict(name, rng)
     param = np.float64(0.2) if scalar else rng.uniform(0.5, 2.0, N)
 
     def grad(kern):
         return jax.grad(lambda p: lpdf(kern, p))
 
-    assert _transcendentals(grad(with_verdict), param) + 2 * N <= (
+    assert _transcendentals(grad(with_verdict), param) + fewer * N <= (
         _transcendentals(grad(without), param))
+
+
+_SCALAR_PAIRS = {  # two scalar parameters with hand partials, and the data
+    "student_t": (lambda t, x: fusedlp.student_t_lpdf(x, 5.0, t[0], t[1]), "x", [0.1, 1.3]),
+    "gamma": (lambda t, x: fusedlp.gamma_lpdf(x, t[0], t[1]), "x", [2.5, 1.5]),
+    "negative_binomial": (lambda t, k: fusedlp.negative_binomial_lpmf(k, t[0], t[1]), "k",
+                          [4.0, 3.0]),
+}
+
+
+@on_cpu
+@pytest.mark.parametrize("name, value", [("student_t", True), ("student_t", False),
+                                         ("gamma", False), ("negative_binomial", False)])
+def test_scalar_hand_partials_write_no_array(name, value, rng):
+    """Two scalar parameters, data as jit arguments: each partial is a reduction, and the
+    hand partials are formed over blocks (fusedlp._fuse._judged_hand_partials), so they
+    write no N-sized array. Whole, what
+    the two reductions share (z, the verdict, a broadcast parameter) was written out: five
+    N-sized arrays for the Student t, 28 for the negative binomial. (The gamma's value
+    pass, beside them in value_and_grad, still writes its own.)"""
+    f, data, t = _SCALAR_PAIRS[name]
+    fn = (jax.value_and_grad if value else jax.grad)(f)
+    x = np.resize(_data(rng)[data], BLOCKS_N)
+    assert _arrays_written(fn, np.array(t), x, n=BLOCKS_N) == 0
 
 
 @on_cpu
@@ -472,3 +502,34 @@ def test_plain_layout_gives_the_numbers_of_the_cpu_layouts(name, layout, rng):
         for a, b in zip(got["plain"][case], got["cpu"][case]):
             np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12, equal_nan=True,
                                        err_msg=f"{name}, {case}")
+
+
+def _whiles_in_entry(hlo: str) -> int:
+    entry = hlo[hlo.index("\nENTRY"):]
+    return len(re.findall(r"\swhile\(", entry[:entry.index("\n}")]))
+
+
+@on_cpu
+@pytest.mark.parametrize("name", ["negative_binomial", "binomial_logit"])
+def test_data_term_is_hoisted_out_of_a_loop(name, rng):
+    """Counts passed as jit arguments, value and gradient at each step of a fori_loop (as a
+    fit or a sampler calls it): the fast form's data-only part (Loader's part of log k!, the
+    counts' verdicts) is summed in a loop over blocks of its own, which reads the counts
+    alone, so XLA hoists it out of the steps' loop: the program's entry holds two loops, the
+    steps' and the data's. Formed per element inside the fast pass, it ran at every step
+    (one loop in the entry)."""
+    d = {k: np.resize(v, BLOCKS_N) for k, v in _data(rng).items()}
+    f = {"negative_binomial": lambda m, k, n: fusedlp.negative_binomial_lpmf(k, m, 2.5),
+         "binomial_logit": lambda e, k, n: fusedlp.binomial_logit_lpmf(k, n, e)}[name]
+    vg = jax.value_and_grad(f)
+
+    def steps(v, k, n):
+        def body(_, carry):
+            v, _ = carry
+            val, g = vg(v, k, n)
+            return v + 1e-9 * g, val
+        return jax.lax.fori_loop(0, 5, body, (v, jnp.zeros((), v.dtype)))
+
+    hlo = _optimised_hlo(steps, np.full(BLOCKS_N, 1.5), d["k"].astype(np.int32),
+                         d["n"].astype(np.int32))
+    assert _whiles_in_entry(hlo) == 2
