@@ -983,7 +983,11 @@ def kernel(
     kernel is traced (closed over by the caller: ``jax.jit(lambda p: loglik(p, data))``,
     NumPyro's MCMC) and on one device, its sum is computed then, once, instead of in every
     call; otherwise (traced data, data spread over devices, or a sum that is not finite:
-    data off the support) it is added per element.
+    data off the support) it is summed in the program, in a reduction of its own that
+    reads the data alone (``_xla.data_sum``: hoisted out of a fit's or a sampler's loop).
+    Its support verdicts make the fast pass's value NaN for data off the support, which
+    sends the call to the exact pass; the second-order rule judges each element by the
+    ``hand_verdict`` (or by its value with the term added back).
     ``fast_second_order``: second derivatives (fusedlp.hessian) in arguments that all have
     ``fast_partials`` differentiate those (forward mode) where the fast form and they are
     finite, instead of running f forward over forward. Only for partials whose derivatives
