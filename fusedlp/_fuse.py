@@ -553,9 +553,8 @@ def _hand_rows(spec: _Spec, moved, wanted, primals):
         if spec.hand_verdict is not None:
             fast_spec = dataclasses.replace(fast_spec, f=spec.hand_verdict)
         elif spec.data_term is not None:  # each element's value judges it: its data's part too
-            term, pos = spec.data_term
-            fast_spec = dataclasses.replace(
-                fast_spec, f=lambda *e: spec.fast(*e) + term(*(e[i] for i in pos)))
+            fast_spec = dataclasses.replace(fast_spec,
+                                            f=_with_data_term(spec.fast, *spec.data_term))
         fv, ds, pushed = pieces(fast_spec, False, summed=False)(*a)
         return _value(fv, fv.dtype), ds, pushed, fv
 
@@ -684,22 +683,26 @@ def _verdict_judges(spec: _Spec, perturbed) -> bool:
 def _judged_hand_partials(spec: _Spec, perturbed, *arrays):
     """Each differentiated argument's hand partial, folded, with the verdict added per
     element: not finite wherever the verdict is not, so that fusedlp._xla.fast_or_exact
-    takes the exact pass there. No value: it comes from a pass of its own. Two or more are
-    formed over blocks (fusedlp._xla.blockwise): what they share (z, the verdict) XLA:CPU
-    writes out as arrays, block-sized there."""
-    _, flat, shape, batched = _elementwise(spec, arrays)
+    takes the exact pass there. No value: it comes from a pass of its own."""
     wanted = [(i, p) for i, p in spec.fast_partials if perturbed[i] and not spec.nondiff[i]]
+    grads = _hand_partials(spec, wanted, arrays, spec.hand_verdict)
+    return tuple(grads.get(i) for i in range(len(arrays)))
 
-    def judged(*fl):  # per element for an array argument, summed for a scalar one
-        verdict = _over(spec, spec.hand_verdict, fl, batched)
-        ds = [_over(spec, p, fl, batched) + verdict for i, p in wanted]
+
+def _hand_partials(spec: _Spec, wanted, arrays, verdict: Callable | None = None) -> dict:
+    """{argument index: its hand partial (``wanted``: (index, element function) pairs),
+    folded to the argument}, ``verdict`` (an element function) added per element if given.
+    Two or more are formed over blocks (fusedlp._xla.blockwise): what they share (z, the
+    verdict, a broadcast scalar) XLA:CPU writes out as arrays, block-sized there."""
+    _, flat, shape, batched = _elementwise(spec, arrays)
+
+    def formed(*fl):  # per element for an array argument, summed for a scalar one
+        v = 0.0 if verdict is None else _over(spec, verdict, fl, batched)
+        ds = [_over(spec, p, fl, batched) + v for _, p in wanted]
         return [d if batched[i] else jnp.sum(d) for (i, _), d in zip(wanted, ds)]
 
-    grads = [None] * len(arrays)
-    ds = _xla.blockwise(judged, flat, batched) if len(wanted) > 1 else judged(*flat)
-    for (i, _), d in zip(wanted, ds):
-        grads[i] = _fold(d, arrays[i], batched[i], shape)
-    return tuple(grads)
+    ds = _xla.blockwise(formed, flat, batched) if len(wanted) > 1 else formed(*flat)
+    return {i: _fold(d, arrays[i], batched[i], shape) for (i, _), d in zip(wanted, ds)}
 
 
 def _fused_fwd_plain(spec: _Spec, *args, force_exact: bool = False):
@@ -739,11 +742,8 @@ def _fused_fwd_plain(spec: _Spec, *args, force_exact: bool = False):
             value, grads = _fused_fwd_plain(dataclasses.replace(spec, partials=()), *rest)
         else:
             value, grads = _summed(spec, flat, batched, shape, dtype), (None,) * len(arrays)
-        grads = list(grads)
-        for i, p in hand.items():
-            d = _over(spec, p, flat, batched)
-            grads[i] = _fold(d, arrays[i], batched[i], shape)
-        return value, tuple(grads)
+        by_hand = _hand_partials(spec, list(hand.items()), arrays)
+        return value, tuple(by_hand.get(i, g) for i, g in enumerate(grads))
 
     def folded(ds):
         return tuple(_fold(ds[i], arrays[i], batched[i], shape) for i in idx)
@@ -926,6 +926,19 @@ def fuse(
     return kernel(f, data=data, name=name)
 
 
+def _with_data_term(fast: Callable, term: Callable, pos: list[int]) -> Callable:
+    """The whole fast form: ``fast`` plus the data-only ``term`` of the arguments ``pos``."""
+    return lambda *a: fast(*a) + term(*(a[i] for i in pos))
+
+
+def _spread(*data) -> bool:
+    """Whether the data are split over devices as their types (mesh axes) or, if concrete,
+    their shardings show: a reduction of them alone (_xla.data_sum) would need the mesh."""
+    if any(map(_xla.typed_per_device, data)):
+        return True
+    return _checks.is_concrete(*data) and not all(map(_on_one_device, data))
+
+
 def _on_one_device(a) -> bool:
     sharding = getattr(a, "sharding", None)  # a NumPy array or a Python number has none
     return sharding is None or len(sharding.device_set) == 1
@@ -1086,7 +1099,10 @@ def kernel(
             pos = sorted(data_idx)
             if mode == "jvp" and not _xla.below(math.prod(shape), _xla.SMALL):  # the fast form runs
                 offset = _data_offset(term, [values[i] for i in pos], dt, shape)
-            if offset is None:
+            if offset is None and _spread(*(arrays[i] for i in pos)):
+                # summed where each block lies: per element, inside the fast pass (_mapped)
+                fast_elem = _with_data_term(fast_elem, term, pos)
+            elif offset is None:
                 traced_term = (term, tuple(pos))
         spec = _Spec(elem, nondiff, mode, fast_elem, fast_layout, fast_partials=hand,
                      offset=offset, data_term=traced_term,

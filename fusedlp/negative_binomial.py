@@ -120,7 +120,7 @@ def _negative_binomial_data(k, *, normalized=True):
     t = -jnp.minimum(k, 1.0) * _special.log_factorial_rest(kp, _special.stirlerr_int_fast)
     if not normalized:
         t = t + jsp.gammaln(k + 1.0)
-    return t + _xla.nan_unless_nonneg(k) + _xla.nan_unless_whole(k)
+    return t + _xla.nan_unless_all_nonneg(k, jnp.floor(k) - k)
 
 
 def _negative_binomial_dmean(k, mean, concentration, *, normalized=True):
