@@ -203,10 +203,16 @@ def _data_term_sum(term: Callable, pos, arrays) -> jax.Array:
     support verdicts make it NaN, and so the fast pass's value, wherever a datum is off the
     support."""
     shape = jnp.broadcast_shapes(*(a.shape for a in arrays))
-    data = [arrays[i] for i in pos]
+    flat, repeats = _data_elements([arrays[i] for i in pos], shape)
+    return _xla.data_sum(term, *flat) * repeats
+
+
+def _data_elements(data, shape):
+    """The data arguments broadcast among themselves and flattened, and how many times the
+    whole broadcast (``shape``, the parameters' too) repeats each of their elements."""
     own = jnp.broadcast_shapes(*(a.shape for a in data))
     flat = [jnp.broadcast_to(a, own).reshape(-1) for a in data]
-    return _xla.data_sum(term, *flat) * (math.prod(shape) // max(math.prod(own), 1))
+    return flat, math.prod(shape) // max(math.prod(own), 1)
 
 
 def _exact_terms(spec: _Spec, idx, batched, dtype, *flat):
@@ -948,17 +954,13 @@ def _data_offset(term: Callable, data, dtype, shape) -> jax.Array | None:
     """The sum of ``term`` over the broadcast elements (``shape``), computed now, for data
     known when the kernel is traced; None for traced data, or where it is not finite.
     ``data`` are the arguments as the caller gave them: converted under ``jit``, even a
-    constant becomes a tracer."""
+    constant becomes a tracer. (Data spread over devices never come here: `_spread`.)"""
     if not data or not _checks.is_concrete(*data):
         return None
-    if not all(_on_one_device(a) for a in data):
-        return None  # data spread over devices: summed where they lie, per element
     with jax.ensure_compile_time_eval():
-        data = [jnp.asarray(a) for a in data]
-        own = jnp.broadcast_shapes(*(a.shape for a in data))
-        flat = [jnp.broadcast_to(a.astype(dtype), own).reshape(-1) for a in data]
+        flat, repeats = _data_elements([jnp.asarray(a).astype(dtype) for a in data], shape)
         total = jnp.sum(jax.vmap(term)(*flat)) if flat[0].size else jnp.zeros((), dtype)
-        total = total * (math.prod(shape) // max(math.prod(own), 1))
+        total = total * repeats
         return total if bool(jnp.isfinite(total)) else None
 
 
@@ -1097,13 +1099,14 @@ def kernel(
         if fast_elem is not None and data_term is not None:
             term = functools.partial(data_term, **options) if options else data_term
             pos = sorted(data_idx)
-            if mode == "jvp" and not _xla.below(math.prod(shape), _xla.SMALL):  # the fast form runs
-                offset = _data_offset(term, [values[i] for i in pos], dt, shape)
-            if offset is None and _spread(*(arrays[i] for i in pos)):
+            if _spread(*(arrays[i] for i in pos)):
                 # summed where each block lies: per element, inside the fast pass (_mapped)
                 fast_elem = _with_data_term(fast_elem, term, pos)
-            elif offset is None:
-                traced_term = (term, tuple(pos))
+            else:
+                if mode == "jvp" and not _xla.below(math.prod(shape), _xla.SMALL):  # fast runs
+                    offset = _data_offset(term, [values[i] for i in pos], dt, shape)
+                if offset is None:
+                    traced_term = (term, tuple(pos))
         spec = _Spec(elem, nondiff, mode, fast_elem, fast_layout, fast_partials=hand,
                      offset=offset, data_term=traced_term,
                      fast_second_order=fast_second_order and bool(hand),

@@ -416,11 +416,11 @@ _SCALAR_PAIRS = {  # two scalar parameters with hand partials, and the data
                                          ("gamma", False), ("negative_binomial", False)])
 def test_scalar_hand_partials_write_no_array(name, value, rng):
     """Two scalar parameters, data as jit arguments: each partial is a reduction, and the
-    hand partials are formed over blocks (fusedlp._fuse._judged_hand_partials), so they
-    write no N-sized array. Whole, what
-    the two reductions share (z, the verdict, a broadcast parameter) was written out: five
-    N-sized arrays for the Student t, 28 for the negative binomial. (The gamma's value
-    pass, beside them in value_and_grad, still writes its own.)"""
+    hand partials are formed over blocks (fusedlp._fuse._hand_partials), so they write no
+    N-sized array. Whole, what the two reductions share (z, the verdict, a broadcast
+    parameter) was written out: five N-sized arrays for the Student t, 28 for the negative
+    binomial. (The gamma's value pass, beside them in value_and_grad, still writes its
+    own.)"""
     f, data, t = _SCALAR_PAIRS[name]
     fn = (jax.value_and_grad if value else jax.grad)(f)
     x = np.resize(_data(rng)[data], BLOCKS_N)
