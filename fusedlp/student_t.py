@@ -23,9 +23,11 @@ _HALF_LOG_PI = 0.5 * math.log(math.pi)
 #   d/dnu    = (digamma(h) - digamma(nu/2) - 1/nu) / 2 - log1p(z^2/nu) / 2
 #              + h z^2 / (nu (nu + z^2))
 #
-# fuse forms exactly these partials by forward mode through the expression below (the jvp of
-# log1p and lgamma are the 1/(1 + z^2/nu) and digamma above), in one pass with the value; a
-# scalar nu, sigma or mu makes lgamma, digamma and log(sigma) scalar work, done once.
+# The exact pass forms these by forward mode through the expression below (the jvp of log1p
+# and lgamma are the 1/(1 + z^2/nu) and digamma above); the common path takes each from its
+# hand-derived form further down (`_t_dloc`, `_t_dscale`, `_t_ddf`), judged by a verdict,
+# with the value in a pass of its own. A scalar nu, sigma or mu makes lgamma, digamma and
+# log(sigma) scalar work, done once.
 #
 # (x - mu) is formed before scaling (float32 keeps its digits at large mu). Writing
 # u = (x - mu) * w with a scalar w = 1 / (sigma sqrt(nu)) instead of the two divisions sped
@@ -151,32 +153,14 @@ def _student_t_element(x, df, loc, scale):
     return lp + 0.0 * loc
 
 
-_PLAIN_DF = 14.0
-
-
 def _student_t_fast(x, df, loc, scale):
-    """`_student_t_element` without a select (fusedlp._xla), for fuse's common path: the
-    tail's series form and its plain form, blended at w = 1/4 by an exact mask. Not finite
-    for x = +-inf, an invalid parameter, or z^2 overflowing (the exact pass's cases)."""
+    """`_student_t_element` without a select (fusedlp._xla), for fuse's common path. Its
+    value alone: every partial of the common path is hand-derived (below), so the tail is
+    the plain (nu + 1)/2 log1p(z^2 / nu), accurate as a value for every nu (its forward-mode
+    d/dnu is not: `_half_nu1_log1p`). Not finite for x = +-inf, an invalid parameter, or z^2
+    overflowing (the exact pass's cases)."""
     z = _special.ratio(x - loc, scale)
-
-    def plain(z, df):
-        return 0.5 * (df + 1.0) * jnp.log1p(z * z / df)
-
-    def blend(z, df):
-        # not z^2 / df, whose d/ddf has 1/df^2 (subnormal, flushed, in float32 from
-        # df ~ 1e19), nor z / sqrt(df), which XLA folds into (x - loc) / (scale sqrt(df))
-        # (it overflows at scale = 1e300)
-        u = z * jax.lax.rsqrt(df)
-        w = u * u
-        far = _xla.step(w - 0.25)
-        h = 0.5 * (df + 1.0)
-        return (far * (h * jnp.log1p(w))
-                + (1.0 - far) * (0.5 * (z * z + w) + h * _special.log1pmx_series(w)))
-
-    # Up to _PLAIN_DF the plain tail's d/dnu is within the bound (the sweep's fast-path
-    # test); a scalar df stays unbatched under fuse's vmap, so the cond picks one form.
-    tail = jax.lax.cond(df > _PLAIN_DF, blend, plain, z, df)
+    tail = 0.5 * (df + 1.0) * jnp.log1p(z * z / df)
     lp = _log_t_norm(df) - _HALF_LOG_PI - jnp.log(scale) + (scale - scale) - tail
     return lp + 0.0 * loc
 
@@ -185,8 +169,7 @@ def _student_t_fast(x, df, loc, scale):
 # d/dz [h log1p(z^2/nu)] = (nu + 1) z / (nu + z^2),
 #   d/dloc = -d/dx = z (nu + 1) / ((nu + z^2) scale)
 #   d/dscale = (z^2 (nu + 1) / (nu + z^2) - 1) / scale = (z - 1)(z + 1) nu / ((nu + z^2) scale)
-# the last without the cancellation of its first form at |z| = 1. (d/ddf stays forward mode
-# through the accurate pieces of the log-normaliser.)
+# the last without the cancellation of its first form at |z| = 1. (d/ddf below.)
 #
 # fusedlp.hessian differentiates these (fast_second_order) through their own jvp rules:
 # forward mode through the formulas adds terms that cancel (d/dloc of d/dscale at
@@ -248,6 +231,56 @@ def _t_dscale_jvp(primals, tangents):
             mixed * (tloc - tx) + dscale * tscale + ddf * tdf)
 
 
+# d/ddf by hand, the log-normaliser's part N'(nu) apart (scalar work for a scalar df, by
+# forward mode through `_log_t_norm`'s accurate pieces). With w = z^2/nu, q = z^2 r =
+# w/(1 + w) and s = nu r = 1 - q, the element's part is
+#   d/dnu [-(nu + 1)/2 log1p(w)] = -log1p(w)/2 + (nu + 1) w / (2 nu (1 + w))
+#                                = (log1pmx(-q) + q/nu) / 2
+# since -log1p(w) = log(s) = log1p(-q). log1pmx(-q) = log(s) + q subtracts terms of size
+# q to a result of size q^2/2 (the plain form loses every digit as nu -> inf): below
+# q = 1/3 it is summed by its series, above as log(s) + q (s small is formed as nu r, not
+# 1 - q). Its own derivatives, for fusedlp.hessian:
+#   d2/ddf2       = N''(nu) + (q r (z^2 - 2)/nu - (q/nu)^2) / 2
+#   d2/ddf dloc   = z (z - 1)(z + 1) r^2 / scale          (= -d2/ddf dx)
+#   d2/ddf dscale = (z - 1)(z + 1) z^2 r^2 / scale
+# (the last two as in `_t_dloc` and `_t_dscale`; checked against mpmath in
+# tests/test_accuracy.py).
+_LOG1PMX_SERIES_BELOW = 1.0 / 3.0  # |v| = q/(2 - q) <= 1/5: the series' terms suffice
+
+
+def _dlog_t_norm(df):
+    return jax.jvp(_log_t_norm, (df,), (jnp.ones_like(df),))[1]
+
+
+def _log1pmx_neg(q, r, df):
+    """log1pmx(-q) = log(s) + q, s = df r = 1 - q: by its series below q = 1/3 (both forms,
+    blended by an exact mask)."""
+    far = _xla.step(q - _LOG1PMX_SERIES_BELOW)
+    return far * (jnp.log(df * r) + q) + (1.0 - far) * _special.log1pmx_series(-q)
+
+
+@jax.custom_jvp
+def _t_ddf(x, df, loc, scale):
+    z = _special.ratio(x - loc, scale)
+    r = 1.0 / (df + z * z)
+    q = z * z * r
+    tail = _log1pmx_neg(q, r, df)
+    return _dlog_t_norm(df) + 0.5 * (tail + q / df)
+
+
+@_t_ddf.defjvp
+def _t_ddf_jvp(primals, tangents):
+    x, df, loc, scale = primals
+    tx, tdf, tloc, tscale = tangents
+    z, r, m, q, _, _ = _t_pieces(*primals)
+    qn = q / df
+    ddf = (jax.jvp(_dlog_t_norm, (df,), (jnp.ones_like(df),))[1]
+           + 0.5 * (q * ((z * z - 2.0) * r) / df - qn * qn))
+    dloc = (z * r) * m / scale
+    return (_t_ddf(*primals),
+            dloc * (tloc - tx) + m * q / scale * tscale + ddf * tdf)
+
+
 def _t_hand_domain(x, df, loc, scale):
     """Finite exactly where the hand partials hold: where z^2 does not overflow (beyond,
     d/dloc's (nu + 1) / (nu + z^2) is a finite 0, and the fast form is not finite)."""
@@ -268,7 +301,8 @@ def _t_hand_verdict(x, df, loc, scale):
 
 # the kernel's options but its verdict (tests/test_programs.py builds it without one too)
 _T_OPTIONS = dict(fast=_student_t_fast, name="student_t_lpdf",
-                  fast_partials={"x": _t_dx, "loc": _t_dloc, "scale": _t_dscale},
+                  fast_partials={"x": _t_dx, "df": _t_ddf, "loc": _t_dloc,
+                                 "scale": _t_dscale},
                   fast_second_order=True, exact_hand_partials=_t_hand_domain)
 _student_t = kernel(_student_t_element, **_T_OPTIONS, hand_verdict=_t_hand_verdict)
 

@@ -619,12 +619,16 @@ def test_fast_path_at_its_switch_points(kernel, point):
 
 def test_student_t_df_partial_between_the_grids_decades():
     """d/ddf where the log-scale grid has no point: 2 < df <= 30 (the small-df form meets
-    Stirling's at df = 14; the plain digamma difference was 560 ulps off at df = 12), judged
+    Stirling's at df = 14; the plain digamma difference was 560 ulps off at df = 12), and
+    either side of the hand-derived partial's switch between its two forms, judged
     as the sweep judges its grid, against references computed here the same way."""
     import accuracy_reference
 
     dfs = [*np.linspace(2.0, 30.0, 29), 13.999, 14.0, 14.001]
     points = [(x, float(df), 0.0, 1.0) for x in (0.0, 0.1, 1.0, 30.0) for df in dfs]
+    # and at the hand-derived d/ddf's switch, z^2 / (df + z^2) = 1/3 (student_t's `_t_ddf`)
+    points += [(math.sqrt(df / 2.0) * f, df, 0.0, 1.0)
+               for df in (0.01, 3.0, 14.0, 1e4, 1e12) for f in (0.999, 1.0, 1.001)]
     table = at.as_arrays(accuracy_reference.reference("student_t_lpdf", "float64", points))
     _, partials = at.evaluate(at.fusedlp_kernel("student_t_lpdf"), table, "float64")
     j = table["diff"].index("df")

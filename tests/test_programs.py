@@ -293,6 +293,13 @@ def test_nested_vmap_keeps_one_verdict_for_the_whole_batch(name, rng):
 P = 7  # basis vectors of the outer jacrev: a size no other array dimension has
 
 
+@fusedlp.fuse
+def _user_t(x, df):
+    """A user's own density with no hand partial: its Hessian runs f forward over forward."""
+    return (jax.scipy.special.gammaln(0.5 * (df + 1.0)) - jax.scipy.special.gammaln(0.5 * df)
+            - 0.5 * jnp.log(df) - 0.5 * (df + 1.0) * jnp.log1p(x * x / df))
+
+
 def _glm_hessian(name, rng):
     """A fuse-built kernel's Hessian in a regression's P coefficients, as fit's Newton steps
     form it: reverse over reverse, the outer jacrev vmapped over P basis vectors."""
@@ -303,6 +310,7 @@ def _glm_hessian(name, rng):
         "gamma": lambda e: fusedlp.gamma_lpdf(d["x"], 2.5, jnp.exp(e)),
         "gamma_shape": lambda e: fusedlp.gamma_lpdf(d["x"], jnp.exp(e), 2.5),
         "student_t_df": lambda e: fusedlp.student_t_lpdf(d["x"], jnp.exp(e), 0.0, 1.3),
+        "user_t_df": lambda e: _user_t(d["x"], jnp.exp(e)),
         "student_t": lambda e: fusedlp.student_t_lpdf(d["x"], 5.0, e, 1.3),
         "binomial_logit": lambda e: fusedlp.binomial_logit_lpmf(d["k"], d["n"], e),
         "bernoulli_logit": lambda e: fusedlp.bernoulli_logit_lpmf((d["k"] > 2) * 1.0, e),
@@ -323,7 +331,8 @@ def _ops_per_basis_vector(hlo: str) -> int:
 
 
 @pytest.mark.parametrize("name", ["negative_binomial", "gamma", "gamma_shape", "student_t",
-                                  "student_t_df", "binomial_logit", "bernoulli_logit"])
+                                  "student_t_df", "user_t_df", "binomial_logit",
+                                  "bernoulli_logit"])
 @on_cpu
 def test_fused_hessian_forms_second_partials_once(name, rng):
     """Per basis vector and element, a few products (the chain of f holds hundreds)."""
@@ -405,6 +414,8 @@ def test_gradient_alone_drops_the_value(name, scalar, fewer, rng):
 
 _SCALAR_PAIRS = {  # two scalar parameters with hand partials, and the data
     "student_t": (lambda t, x: fusedlp.student_t_lpdf(x, 5.0, t[0], t[1]), "x", [0.1, 1.3]),
+    "student_t_df": (lambda t, x: fusedlp.student_t_lpdf(x, t[0], t[1], t[2]), "x",
+                     [5.0, 0.1, 1.3]),
     "gamma": (lambda t, x: fusedlp.gamma_lpdf(x, t[0], t[1]), "x", [2.5, 1.5]),
     "negative_binomial": (lambda t, k: fusedlp.negative_binomial_lpmf(k, t[0], t[1]), "k",
                           [4.0, 3.0]),
@@ -413,9 +424,10 @@ _SCALAR_PAIRS = {  # two scalar parameters with hand partials, and the data
 
 @on_cpu
 @pytest.mark.parametrize("name, value", [("student_t", True), ("student_t", False),
+                                         ("student_t_df", True), ("student_t_df", False),
                                          ("gamma", False), ("negative_binomial", False)])
 def test_scalar_hand_partials_write_no_array(name, value, rng):
-    """Two scalar parameters, data as jit arguments: each partial is a reduction, and the
+    """Two or three scalar parameters, data as jit arguments: each partial is a reduction, and the
     hand partials are formed over blocks (fusedlp._fuse._hand_partials), so they write no
     N-sized array. Whole, what the two reductions share (z, the verdict, a broadcast
     parameter) was written out: five N-sized arrays for the Student t, 28 for the negative
@@ -429,11 +441,11 @@ def test_scalar_hand_partials_write_no_array(name, value, rng):
 
 @on_cpu
 def test_the_basis_vector_count_sees_an_unfenced_chain(rng, xla_setting):
-    """The bound above can fail: without the fence, f's chain is formed per basis vector (the
-    Student t in its df, which has no hand partial: its Hessian runs f forward over forward,
-    where the others now differentiate their hand partials)."""
+    """The bound above can fail: without the fence, f's chain is formed per basis vector (a
+    user's density with no hand partial: its Hessian runs f forward over forward, where the
+    built-in kernels differentiate their hand partials)."""
     xla_setting("fenced", lambda fn, shapes, *arrays: fn(*arrays))
-    assert _ops_per_basis_vector(_optimised_hlo(*_glm_hessian("student_t_df", rng))) > 40
+    assert _ops_per_basis_vector(_optimised_hlo(*_glm_hessian("user_t_df", rng))) > 40
 
 
 _PLAIN_KERNELS = {"normal": lambda m, k: fusedlp.normal_lpdf(k, m, 1.3), **_KERNELS_OF_DATA}
