@@ -8,7 +8,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from fusedlp import _checks, _special, _xla, constraints
-from fusedlp._fuse import fuse, kernel
+from fusedlp._fuse import kernel
 
 # With p = sigmoid(eta):  log p = -softplus(-eta),  log(1 - p) = -softplus(eta), and
 #
@@ -148,7 +148,15 @@ def _binomial_hand_verdict(k, n, logit, *, normalized=True):
     return _counts_verdict(k, n) + jax.lax.stop_gradient(logit - logit)
 
 
-_bernoulli_logit = fuse(_bernoulli_logit_element, data=("y",), name="bernoulli_logit_lpmf")
+def _bernoulli_logit_edge(y, logit):
+    """The element's edges without its value (kernel's ``edge``): -inf for y off {0, 1}, NaN
+    for a non-finite logit or a NaN y, 0 elsewhere. jax.grad alone then forms no log1p."""
+    ok = jnp.isfinite(logit) & ~jnp.isnan(y)
+    return jnp.where(ok, jnp.where((y == 0) | (y == 1), 0.0, -jnp.inf), jnp.nan)
+
+
+_bernoulli_logit = kernel(_bernoulli_logit_element, data=("y",), name="bernoulli_logit_lpmf",
+                          edge=_bernoulli_logit_edge)
 # the kernel's options but its verdict (tests/test_programs.py builds it without one too)
 _BINOMIAL_LOGIT_OPTIONS = dict(fast=_binomial_logit_fast, fast_layout="columns",
                                data=("k", "n"), name="binomial_logit_lpmf",

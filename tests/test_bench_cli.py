@@ -176,7 +176,7 @@ def test_peak_bandwidth_by_device_kind(kind, gbps, monkeypatch):
 
 def test_quick_contexts_benchmark_reports_every_context(tmp_path):
     """`python -m bench contexts`: per kernel, the seven calling contexts' time ratios against
-    autodiff of jax.scipy.stats, the XLA temporaries of both programs, a NumPyro row and
+    autodiff of jax.scipy.stats, the XLA temporaries of both programs, two NumPyro rows and
     the issue's targets, in markdown and in the JSON."""
     out_json = tmp_path / "contexts.json"
     p = _bench("contexts", "--quick", "--kernels", "poisson,gamma", "--json", str(out_json))
@@ -193,7 +193,9 @@ def test_quick_contexts_benchmark_reports_every_context(tmp_path):
         for c in r["contexts"].values():
             assert c["ratio"] == pytest.approx(c["baseline_s"] / c["fusedlp_s"])
             assert c["temp_arrays_fusedlp"] >= 0 and c["temp_arrays_baseline"] >= 0
-    assert doc["numpyro"][0]["ratio"] > 0 and len(doc["targets"]) == 4
+    # the NumPyro potential with the kernel normalized, then with normalized=False
+    assert [r["normalized"] for r in doc["numpyro"]] == [True, False]
+    assert all(r["ratio"] > 0 for r in doc["numpyro"]) and len(doc["targets"]) == 5
 
 
 def test_contexts_benchmark_refuses_to_time_a_kernel_that_disagrees():

@@ -412,6 +412,22 @@ def test_gradient_alone_drops_the_value(name, scalar, fewer, rng):
         _transcendentals(grad(without), param))
 
 
+@on_cpu
+def test_bernoulli_gradient_alone_forms_no_log1p(rng):
+    """The Bernoulli's edge function (kernel's ``edge``) marks its edges without its value,
+    so ``jax.grad`` alone in a vector logit drops the value's log1p: one transcendental per
+    element (the exp of the sigmoid) against two in value and gradient. With the edge rule
+    reading the value, both held two."""
+    y = (rng.uniform(size=N) < 0.5).astype(np.int32)
+    eta = rng.normal(size=N)
+
+    def f(e):
+        return fusedlp.bernoulli_logit_lpmf(y, e)
+
+    assert _transcendentals(jax.grad(f), eta) < 1.5 * N
+    assert _transcendentals(jax.value_and_grad(f), eta) >= 2 * N
+
+
 _SCALAR_PAIRS = {  # two scalar parameters with hand partials, and the data
     "student_t": (lambda t, x: fusedlp.student_t_lpdf(x, 5.0, t[0], t[1]), "x", [0.1, 1.3]),
     "student_t_df": (lambda t, x: fusedlp.student_t_lpdf(x, t[0], t[1], t[2]), "x",
