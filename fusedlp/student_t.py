@@ -185,7 +185,7 @@ def _student_t_fast(x, df, loc, scale):
 # as the sum of their terms' magnitudes allows (tests/test_accuracy.py).
 def _t_pieces(x, df, loc, scale):
     """z, r = 1/(df + z^2), the bounded factors (z - 1)(z + 1) r, z^2 r and df r, and
-    d2/dloc dscale, which both rules below hold."""
+    d2/dloc dscale, which the rules below hold."""
     z = _special.ratio(x - loc, scale)
     r = 1.0 / (df + z * z)
     s = df * r
@@ -252,20 +252,17 @@ def _dlog_t_norm(df):
     return jax.jvp(_log_t_norm, (df,), (jnp.ones_like(df),))[1]
 
 
-def _log1pmx_neg(q, r, df):
+def _log1pmx_neg(q, s):
     """log1pmx(-q) = log(s) + q, s = df r = 1 - q: by its series below q = 1/3 (both forms,
     blended by an exact mask)."""
     far = _xla.step(q - _LOG1PMX_SERIES_BELOW)
-    return far * (jnp.log(df * r) + q) + (1.0 - far) * _special.log1pmx_series(-q)
+    return far * (jnp.log(s) + q) + (1.0 - far) * _special.log1pmx_series(-q)
 
 
 @jax.custom_jvp
 def _t_ddf(x, df, loc, scale):
-    z = _special.ratio(x - loc, scale)
-    r = 1.0 / (df + z * z)
-    q = z * z * r
-    tail = _log1pmx_neg(q, r, df)
-    return _dlog_t_norm(df) + 0.5 * (tail + q / df)
+    _, _, _, q, s, _ = _t_pieces(x, df, loc, scale)
+    return _dlog_t_norm(df) + 0.5 * (_log1pmx_neg(q, s) + q / df)
 
 
 @_t_ddf.defjvp
