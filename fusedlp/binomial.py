@@ -13,7 +13,7 @@ from fusedlp._fuse import kernel
 # With p = sigmoid(eta):  log p = -softplus(-eta),  log(1 - p) = -softplus(eta), and
 #
 #   softplus(+-eta) = max(+-eta, 0) + l,   l = log1p(exp(-|eta|)),
-#   max(+-eta, 0) = (|eta| +- eta) / 2     (exact in floating point)
+#   max(+-eta, 0) = (|eta| +- eta) / 2
 #
 # exact for every finite eta: no exp overflows, nothing cancels, and one exp and one log1p
 # serve both softplus terms. So, one element,
@@ -25,23 +25,37 @@ from fusedlp._fuse import kernel
 #                                   - n l
 #               d/deta            = k - n sigmoid(eta)
 #
-# fuse forms d/deta by forward mode in the same pass. (|eta| +- eta)/2 rather than
-# max(+-eta, 0): at eta = 0 the jvp of |eta| is sign(0) = 0, so the derivative of the first
-# is 1/2 and d/deta is exactly sigmoid(0) = 1/2 short of y; JAX's jvp of max at a tie gave 0
-# (a test caught it). The normalized binomial at 0 < k < n is summed in Loader's form instead
-# (see _log_binomial_interior): log C(n, k) cancels against the rest at large n. log C(n, k)
-# does not depend on eta: `normalized=False` drops it. y, k and n are data: zero cotangent
-# (none when integer).
+# fuse forms d/deta by forward mode in the same pass. (|eta| +- eta)/2 is formed as
+# max(+-eta, 0), which does not overflow (|eta| + eta does above half the largest float, and
+# XLA turns eta/2 + |eta|/2 back into the sum), and differentiated as the sum (`_half_sum`):
+# at eta = 0 the jvp of |eta| is sign(0) = 1, against which max's tie (1/2) would leave
+# d/deta 1/2 short of y - sigmoid(0). The normalized binomial at 0 < k < n is summed in
+# Loader's form instead (see _log_binomial_interior): log C(n, k) cancels against the rest at
+# large n. log C(n, k) does not depend on eta: `normalized=False` drops it. y, k and n are
+# data: zero cotangent (none when integer).
 #
 # Edges: y not in {0, 1}, k not an integer in [0, n]: outside the support, -inf with a zero
 # partial. n < 0, non-integer or infinite n (scipy: an invalid parameter), a non-finite
 # logit (eta = +-inf is p = 1 or 0 exactly: not taken), NaN anywhere: NaN.
 
 
+@jax.custom_jvp
+def _half_sum(t, a):
+    """(t + a) / 2 for a = |t|: max(t, 0), which does not overflow, differentiated as the
+    sum (so that at t = 0, with abs's derivative sign(0) = 1, the softplus pieces' derivatives
+    add up to exactly sigmoid(0), and their second derivatives to sigmoid'(0))."""
+    return jnp.maximum(t, 0.0)
+
+
+@_half_sum.defjvp
+def _half_sum_jvp(primals, tangents):
+    return _half_sum(*primals), 0.5 * tangents[0] + 0.5 * tangents[1]
+
+
 def _bernoulli_logit_element(y, logit):
     t = jnp.where(y == 1, -logit, logit)
     a = jnp.abs(logit)  # = |t|, written in the parameter alone: with a scalar logit the
-    lp = -(0.5 * (t + a) + jnp.log1p(jnp.exp(-a)))  # exp and log1p are scalar work
+    lp = -(_half_sum(t, a) + jnp.log1p(jnp.exp(-a)))  # exp and log1p are scalar work
     ok = jnp.isfinite(logit) & ~jnp.isnan(y)
     return jnp.where(ok, jnp.where((y == 0) | (y == 1), lp, -jnp.inf), jnp.nan)
 
@@ -55,7 +69,7 @@ def _binomial_logit_element(k, n, logit, *, normalized=True):
     eta = jnp.where(ok, logit, 0.0)
     a = jnp.abs(eta)
     el = jnp.log1p(jnp.exp(-a))
-    lp = -(kk * (0.5 * (a - eta)) + (nn - kk) * (0.5 * (a + eta)) + nn * el)
+    lp = -(kk * _half_sum(-eta, a) + (nn - kk) * _half_sum(eta, a) + nn * el)
     if normalized:
         lp = jnp.where((kk == 0) | (kk == nn), lp, _log_binomial_interior(kk, nn, eta, a, el))
     return jnp.where(ok, jnp.where(kok, lp, -jnp.inf), jnp.nan)
@@ -74,8 +88,8 @@ def _log_binomial_interior(k, n, eta, abs_eta, el):
     inner = (k > 0) & (k < n)
     k = jnp.where(inner, k, 1.0)
     n = jnp.where(inner, n, 2.0)
-    log_p = -(0.5 * (abs_eta - eta) + el)
-    log_q = -(0.5 * (abs_eta + eta) + el)
+    log_p = -(_half_sum(-eta, abs_eta) + el)
+    log_q = -(_half_sum(eta, abs_eta) + el)
     log_n = jnp.log(n)
     m = n - k
     return (_special.stirlerr_int(n) - _special.stirlerr_int(k) - _special.stirlerr_int(m)
@@ -93,8 +107,8 @@ def _binomial_logit_fast(k, n, logit, *, normalized=True):
     verdict = jax.lax.stop_gradient(logit - logit)
     a = jnp.abs(logit)
     el = jnp.log1p(jnp.exp(-a))
-    log_p = -(0.5 * (a - logit) + el)
-    log_q = -(0.5 * (a + logit) + el)
+    log_p = -(_half_sum(-logit, a) + el)
+    log_q = -(_half_sum(logit, a) + el)
     edge = k * log_p + (n - k) * log_q
     if not normalized:
         return edge + verdict

@@ -10,6 +10,7 @@ empty inputs, validation, trace-time errors, symbolic zeros, no retracing.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 
@@ -287,6 +288,44 @@ def test_logit_kernels_stable_for_large_logits(dtype, tol):
     mag = np.sum(np.abs(k * sps.log_expit(e64)) + np.abs((n - k) * sps.log_expit(-e64)))
     np.testing.assert_allclose(v, want.sum(), rtol=t["value"], atol=t["value"] * mag)
     np.testing.assert_allclose(g, k - n * sps.expit(e64), rtol=t["grad"], atol=t["grad"])
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("n", [1, 5000])  # the exact pass alone; the fast pass first
+def test_logit_kernels_finite_up_to_the_largest_logit(dtype, n):
+    """At |logit| above half the largest float the log-mass is -|logit| or -0, finite: the
+    sum |eta| + eta overflowed to -inf (or, in the binomial's Loader form, NaN) there. The
+    gradient is y - sigmoid(eta), exactly 0 or +-1."""
+    big = np.finfo(dtype).max
+    for eta in (big, np.nextafter(big / 2, big), big / 4):
+        for y in (0, 1):
+            for sign in (1.0, -1.0):
+                e = dtype(sign * eta)
+                lost = dtype(-eta) if (y == 1) != (sign > 0) else dtype(-0.0)
+                want_g = 0.0 if lost == 0 else float(np.sign(y - 0.5))
+                ys, es = np.full(n, y, dtype), np.full(n, e, dtype)
+                v, g = jax.value_and_grad(fusedlp.bernoulli_logit_lpmf, argnums=1)(ys, es)
+                assert float(v) == n * float(lost) or (n > 1 and lost != 0 and v == -np.inf)
+                np.testing.assert_array_equal(np.asarray(g), want_g)
+                v, g = jax.value_and_grad(fusedlp.binomial_logit_lpmf, argnums=2)(
+                    ys, np.ones(n, dtype), es)
+                assert float(v) == n * float(lost) or (n > 1 and lost != 0 and v == -np.inf)
+                np.testing.assert_array_equal(np.asarray(g), want_g)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_logit_kernels_curvature_at_zero(dtype):
+    """At eta = 0 the gradient is y - 1/2 and the second derivative -1/4 per trial: the
+    softplus pieces' derivatives meet abs's jvp (sign(0) = 1) exactly there."""
+    zero = dtype(0.0)
+    for y in (0, 1):
+        f = functools.partial(fusedlp.bernoulli_logit_lpmf, dtype(y))
+        assert jax.grad(f)(zero) == y - 0.5
+        assert fusedlp.hessian(f)(zero) == -0.25
+    for k in (0, 1, 3):
+        g = functools.partial(fusedlp.binomial_logit_lpmf, dtype(k), dtype(3))
+        assert jax.grad(g)(zero) == k - 1.5
+        assert fusedlp.hessian(g)(zero) == -0.75
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
