@@ -500,6 +500,44 @@ def _second_order_jvp(spec: _Spec, perturbed, outputs, primals, tangents):
     shape = jnp.broadcast_shapes(*(a.shape for a in primals))
     batched = _elementwise(spec, list(primals))[3]
 
+    if not any(batched[i] for i in {*moved, *inner}):
+        # Every partial and row is summed (scalar arguments): formed over blocks, so that
+        # the per-element rows stay block-sized instead of a written N-sized array each. The
+        # value from a pass of its own (XLA drops it where unused: fusedlp.hessian): a
+        # block's holds no part of a concrete offset (the data's sum), which is dropped here
+        # as the data it sums are on the support.
+        _, flat, _, _ = _elementwise(spec, list(primals))
+        in_blocks = dataclasses.replace(spec, offset=None)
+        ds, rows = _xla.blockwise(
+            lambda *fl: jax.tree.map(jnp.sum, _second_pieces(in_blocks, moved, inner, fl)[1:]),
+            flat, batched)
+        value = _fused_value(spec, *primals)
+    else:
+        value, ds, rows = _second_pieces(spec, moved, inner, primals)
+
+    def second(i, j):  # the tangent of partial i along moved j
+        hs = rows[j][1]
+        return hs[i] if i in hs else rows[i][1][j]
+
+    dvalue, dpartials = jnp.zeros((), dtype), {}
+    for j in moved:
+        t = tangents[j].astype(dtype)
+        t = jnp.broadcast_to(t, shape).reshape(-1) if batched[j] else t.reshape(())
+        dvalue = dvalue + jnp.sum(rows[j][0] * t)
+        for i in inner:
+            dpartials[i] = dpartials.get(i, 0.0) + second(i, j) * t
+    # the primal outputs from the same pass (the forward-over-forward one's primal)
+    grads = {i: _fold(ds[i], primals[i], batched[i], shape) for i in inner}
+    dgrads = {i: _fold(dpartials[i], primals[i], batched[i], shape) for i in inner}
+    return ((value, tuple(grads.get(i) for i in range(len(primals)))),
+            (dvalue, tuple(dgrads.get(i) for i in range(len(primals)))))
+
+
+def _second_pieces(spec: _Spec, moved, inner, primals):
+    """`_second_order_jvp`'s per-element pieces: ``(value, first partials of the inner
+    arguments, rows)``, rows a dict by moved j of (its first partial, or None, and its
+    second partials by inner i; the pair (i, j) with i < j both moved only along i)."""
+
     # H is symmetric: along a moved j, the partial of a moved i < j is not formed again
     # where H_ji is (along i, the partial of j), a jvp program the fewer for each pair.
     def wanted_of(rows, along):
@@ -533,23 +571,7 @@ def _second_order_jvp(spec: _Spec, perturbed, outputs, primals, tangents):
         value, ds, pushed = _second_partials(_exact_spec(spec), moved, wanted_of(inner, moved),
                                              True, *primals)
         rows = dict(zip(moved, pushed))
-
-    def second(i, j):  # the tangent of partial i along moved j
-        hs = rows[j][1]
-        return hs[i] if i in hs else rows[i][1][j]
-
-    dvalue, dpartials = jnp.zeros((), dtype), {}
-    for j in moved:
-        t = tangents[j].astype(dtype)
-        t = jnp.broadcast_to(t, shape).reshape(-1) if batched[j] else t.reshape(())
-        dvalue = dvalue + jnp.sum(rows[j][0] * t)
-        for i in inner:
-            dpartials[i] = dpartials.get(i, 0.0) + second(i, j) * t
-    # the primal outputs from the same pass (the forward-over-forward one's primal)
-    grads = {i: _fold(ds[i], primals[i], batched[i], shape) for i in inner}
-    dgrads = {i: _fold(dpartials[i], primals[i], batched[i], shape) for i in inner}
-    return ((value, tuple(grads.get(i) for i in range(len(primals)))),
-            (dvalue, tuple(dgrads.get(i) for i in range(len(primals)))))
+    return value, ds, rows
 
 
 def _hand_rows(spec: _Spec, moved, wanted, primals):

@@ -456,6 +456,17 @@ def test_scalar_hand_partials_write_no_array(name, value, rng):
 
 
 @on_cpu
+@pytest.mark.parametrize("name", sorted(_SCALAR_PAIRS))
+def test_scalar_hessian_writes_no_array(name, rng):
+    """fusedlp.hessian in scalar parameters: each second partial is a reduction, and the rows
+    are formed over blocks (fusedlp._fuse._second_order_jvp), so they write no N-sized array.
+    Whole, each per-element row and second partial was written out, then summed."""
+    f, data, t = _SCALAR_PAIRS[name]
+    x = np.resize(_data(rng)[data], BLOCKS_N)
+    assert _arrays_written(fusedlp.hessian(f), np.array(t), x, n=BLOCKS_N) == 0
+
+
+@on_cpu
 def test_the_basis_vector_count_sees_an_unfenced_chain(rng, xla_setting):
     """The bound above can fail: without the fence, f's chain is formed per basis vector (a
     user's density with no hand partial: its Hessian runs f forward over forward, where the
