@@ -217,7 +217,9 @@ def _t_dx(x, df, loc, scale):
 @jax.custom_jvp
 def _t_dscale(x, df, loc, scale):
     z = _special.ratio(x - loc, scale)
-    return (z - 1.0) * (z + 1.0) * (df / (df + z * z)) / scale
+    # (z^2 - 1)/(df + z^2), near 1 for large z, before df: df/(df + z^2) is subnormal, and
+    # flushed to 0, at df = 1e-8, z = 1e15 in float32
+    return (z - 1.0) * (z + 1.0) / (df + z * z) * df / scale
 
 
 @_t_dscale.defjvp
