@@ -503,9 +503,9 @@ def _second_order_jvp(spec: _Spec, perturbed, outputs, primals, tangents):
     if not any(batched[i] for i in {*moved, *inner}):
         # Every partial and row is summed (scalar arguments): formed over blocks, so that
         # the per-element rows stay block-sized instead of a written N-sized array each. The
-        # value from a pass of its own (XLA drops it where unused: fusedlp.hessian): a
-        # block's holds no part of a concrete offset (the data's sum), which is dropped here
-        # as the data it sums are on the support.
+        # value comes from a pass of its own (XLA drops it where unused: fusedlp.hessian),
+        # and the blocks leave out the concrete data's offset, the sum over all elements
+        # (set only where it is finite: data on the support, which a block need not judge).
         _, flat, _, _ = _elementwise(spec, list(primals))
         in_blocks = dataclasses.replace(spec, offset=None)
         ds, rows = _xla.blockwise(
