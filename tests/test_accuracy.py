@@ -56,8 +56,6 @@ KNOWN_MISSES = {
         "k = 12985, concentration = 1e20: the partial (-8.4e-33) is below the rounding of its "
         "O(1/concentration) pieces (55 eps); and k = mean = 1e6 or 1e12 with concentration = "
         "1e20, where the partial (5e-35, 5e-29) comes out 0",
-    ("student_t_lpdf", "float32", "df"): "df = 1e15 in float32: the partial (2.5e-31) is below "
-                                          "the rounding of its O(1/df) pieces",
 }
 
 
