@@ -161,9 +161,10 @@ def _dconc_form(dstirlerr_at, k, mean, concentration):
     log1pmx = far * direct + (1.0 - far) * _special.log1pmx_series(t)
     # the stirlerr' difference first: each is -1/(2 phi) at small phi, where it is exact
     dstirlerr = dstirlerr_at(phi, k) - _special.dstirlerr_fast(phi)
-    # (k/n) 0.5 / phi, not (k/n) / phi: XLA rewrites (a/b)/c as a/(b c), and n phi overflows
-    # float32 at phi = 1e20 (d/dphi came out 0 for 5e-29 at k = mu = 1e12)
-    return log1pmx + (_special.ratio(_special.ratio(k, n) * 0.5, phi) + dstirlerr)
+    # (k/n) (0.5/phi), not (k/n) / phi: XLA rewrites (a/b)/c as a/(b c), and n phi overflows
+    # float32 at phi = 1e20 (d/dphi came out 0 for 5e-29 at k = mu = 1e12); 0.5/phi is also
+    # scalar work for a scalar phi
+    return log1pmx + (_special.ratio(k, n) * _special.ratio(0.5, phi) + dstirlerr)
 
 
 def _negative_binomial_dconc(k, mean, concentration, *, normalized=True):
