@@ -68,26 +68,13 @@ def _log1p_sq(z, df):
 
 
 def _log_t_norm_large(df):
-    """`_log_t_norm` for nu > 14, from Stirling's series (see there)."""
+    """`_log_t_norm` for nu > 14, from Stirling's series (see there); a log1pmx(1/(2a)) as
+    xlog1p_ratio(a, 1/2) - 1/2, whose derivative log1pmx(u) + u^2/(1 + u) is formed from
+    u = 1/(2a) alone (through the chain rule, log1pmx'(u) u'(a) ~ (-u)(-2u^2) is subnormal,
+    and flushed, at nu = 1e15 in float32, which left d/ddf of the wrong sign there)."""
     a = 0.5 * df
     return (_special.stirling_series(a + 0.5) - _special.stirling_series(a)
-            + _a_log1pmx_half_over(a) - 0.5 * math.log(2.0))
-
-
-@jax.custom_jvp
-def _a_log1pmx_half_over(a):
-    """a log1pmx(u), u = 1/(2a). Its derivative, log1pmx(u) - u log1pmx'(u) =
-    log1pmx(u) + u^2/(1 + u), is formed from u alone: the chain rule's product
-    log1pmx'(u) u'(a) ~ (-u)(-2u^2) is subnormal, and flushed, at nu = 1e15 in float32,
-    which left d/ddf of the wrong sign there."""
-    return a * _special.log1pmx(0.5 / a)
-
-
-@_a_log1pmx_half_over.defjvp
-def _a_log1pmx_half_over_jvp(primals, tangents):
-    (a,), (t,) = primals, tangents
-    u = 0.5 / a
-    return _a_log1pmx_half_over(a), (_special.log1pmx(u) + u * u / (1.0 + u)) * t
+            + (_special.xlog1p_ratio(a, 0.5) - 0.5) - 0.5 * math.log(2.0))
 
 
 @jax.custom_jvp
