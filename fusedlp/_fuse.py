@@ -498,7 +498,7 @@ def _second_order_jvp(spec: _Spec, perturbed, outputs, primals, tangents):
                                                   for g in grads))
     dtype = primals[0].dtype
     shape = jnp.broadcast_shapes(*(a.shape for a in primals))
-    batched = _elementwise(spec, list(primals))[3]
+    _, flat, _, batched = _elementwise(spec, list(primals))
 
     if not any(batched[i] for i in {*moved, *inner}):
         # Every partial and row is summed (scalar arguments): formed over blocks, so that
@@ -506,7 +506,6 @@ def _second_order_jvp(spec: _Spec, perturbed, outputs, primals, tangents):
         # value comes from a pass of its own (XLA drops it where unused: fusedlp.hessian),
         # and the blocks leave out the concrete data's offset, the sum over all elements
         # (set only where it is finite: data on the support, which a block need not judge).
-        _, flat, _, _ = _elementwise(spec, list(primals))
         in_blocks = dataclasses.replace(spec, offset=None)
         ds, rows = _xla.blockwise(
             lambda *fl: jax.tree.map(jnp.sum, _second_pieces(in_blocks, moved, inner, fl)[1:]),
