@@ -457,8 +457,12 @@ def ratio(a, b):
 def log_ratio(a, b):
     """log(a / b) (a, b > 0), whose derivative is da/a - db/b: jax's, d(a/b) / (a/b), XLA
     rewrites as a product of a, b and their tangents over another, which overflows at
-    a = 1e10, b = 1e300 (d/da came out 0 for 1e-10)."""
-    return jnp.log(a / b)
+    a = 1e10, b = 1e300 (d/da came out 0 for 1e-10). -inf where a / b is subnormal: the
+    division has lost digits there (a GPU keeps them, log(1e-8/1e36) came out -101.333 for
+    -101.313 in float32; XLA:CPU flushes them to 0), so a hand partial built on it is not
+    finite and the exact pass takes the point."""
+    r = a / b
+    return jnp.log(jnp.where(r < jnp.finfo(r.dtype).tiny, 0.0, r))
 
 
 @log_ratio.defjvp
