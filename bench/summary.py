@@ -22,7 +22,7 @@ SECTIONS = ("studies", "kernels", "contexts", "hessian", "fuse", "fit", "shardin
             "workloads")
 # the same benchmarks run on a GPU (docs/gpu.md), each in gpu_NAME.json; not in SECTIONS,
 # which the CPU performance page shows whole
-GPU_SECTIONS = ("gpu_throughput", "gpu_contexts", "gpu_workloads")
+GPU_SECTIONS = ("gpu_throughput", "gpu_contexts", "gpu_hessian", "gpu_workloads")
 
 
 def add_arguments(p) -> None:
@@ -123,11 +123,12 @@ def section(name: str, doc: dict) -> str:
             contexts.temporaries_table(doc["rows"]),
             *[contexts.numpyro_line(r) for r in doc["numpyro"]],
             _timing_targets(doc["targets"])])
-    if name == "hessian":
+    if name in ("hessian", "gpu_hessian"):
         from bench import hessian
 
         return "\n\n".join([
-            "### Hessians (`python -m bench hessian`)",
+            "### Hessians (`python -m bench hessian`)" if name == "hessian"
+            else "### Hessians, on the GPU (`python -m bench hessian`)",
             "float64, data as `jit` arguments, median µs per call: `fusedlp.hessian` (reverse "
             "over reverse through the kernels' rules) against `jax.hessian` of autodiff of the "
             "`jax.scipy.stats` density (the plain formula for `normalized=False`); autodiff / "
