@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from jax import custom_batching
 
 # The size thresholds, in one place. Below each, the exact (select) pass runs directly:
-# the data sit in cache and a lax.cond's fixed cost is more than the pass it would skip
+# the data sit in cache and the fallback's fixed cost is more than the pass it would skip
 # (docs/performance.md). Each was measured on XLA:CPU for the layout named.
 
 # the select-free common path of the accurate kernels and of fuse's "cond" layout
@@ -284,10 +284,20 @@ def _in_blocks(fn: Callable, arrays, batched, n: int, size: int):
     return jax.tree.unflatten(tree, acc)
 
 
+def _unless(ok, out, redo: Callable):
+    """``out`` if ``ok``, else ``redo()``: a ``while_loop`` of at most one trip rather than a
+    ``lax.cond``, whose branch that returns ``out`` is a copy of each of its arrays on
+    XLA:CPU; a loop's carry passes them through in place."""
+    def body(carry):
+        return redo(), jnp.ones((), jnp.bool_)
+
+    return jax.lax.while_loop(lambda carry: ~carry[1], body, (out, ok))[0]
+
+
 def fast_or_exact(n: int, fast: Callable, exact: Callable, *arrays,
                   exact_blocks: Callable | None = None, accurate: bool = False,
                   exact_sees_fast: bool = False):
-    """``fast(*arrays)`` if all its outputs are finite, else ``exact(*arrays)`` (a lax.cond).
+    """``fast(*arrays)`` if all its outputs are finite, else ``exact(*arrays)`` (`_unless`).
 
     ``fast`` is the select-free common path (a summed value and its partials): it must give
     a non-finite output whenever any element is an edge or outside the regime where it is
@@ -299,12 +309,12 @@ def fast_or_exact(n: int, fast: Callable, exact: Callable, *arrays,
     Under ``vmap`` the verdict is one for the whole batch (`batch_all`): one non-finite
     member sends the batch to the exact pass, which is right for every member.
 
-    The fast pass runs once, ahead of the cond that passes its result on. Differentiated
+    The fast pass runs once, ahead of the loop that passes its result on. Differentiated
     (only second derivatives, `fusedlp.hessian`, differentiate a forward rule: the Poisson
     kernels'; fuse's forward rule has a second-order rule of its own), the exact pass
     alone is: a second derivative's forward-mode tangents are written out as arrays
     whatever the layout, so the select-free form gains nothing there, while differentiating
-    both passes and the cond made a Newton fit's program several times slower to trace and
+    both passes and the choice made a Newton fit's program several times slower to trace and
     compile (docs/performance.md); and no zero cotangent of an untaken fast pass can meet
     its infinite local derivatives at an edge element (0 * inf = NaN).
 
@@ -332,8 +342,8 @@ def fast_or_exact(n: int, fast: Callable, exact: Callable, *arrays,
     def fast_then_exact(*a):
         out = fast(*a)
         if exact_sees_fast:
-            return jax.lax.cond(finite(out), lambda: out, lambda: given_fast(out, *a))
-        return jax.lax.cond(finite(out), lambda: out, lambda: (exact_blocks or exact)(*a))
+            return _unless(finite(out), out, lambda: given_fast(out, *a))
+        return _unless(finite(out), out, lambda: (exact_blocks or exact)(*a))
 
     if not (cpu_layouts() or accurate):
         chosen = exact
