@@ -439,8 +439,12 @@ def _xlog1p_ratio_jvp(primals, tangents):
     u = mu / phi
     small = u < 1.0
     us = jnp.where(small, u, 0.0)
-    p = 1.0 / (1.0 + u)  # phi / (phi + mu)
-    large = jnp.log1p(jnp.where(small, 1.0, u)) - (1.0 - p)
+    # p = phi / (phi + mu) and log1p(u) = log((phi + mu) / phi) through `ratio` and
+    # `log_ratio`, whose own derivatives hold where 1/(1 + u)^2 and mu/phi^2 overflow
+    # (fusedlp.hessian's d2/dphi2 was NaN at mu = 1e300, phi = 1e-8, for 1/phi)
+    s = phi + mu
+    p = ratio(phi, s)
+    large = log_ratio(jnp.where(small, 2.0 * phi, s), phi) - (1.0 - p)
     d_phi = jnp.where(small, log1pmx(us) + us * us * p, large)
     d_phi = jnp.where(u < jnp.inf, d_phi, jnp.log(mu) - jnp.log(phi) - 1.0)
     return xlog1p_ratio(phi, mu), d_phi * dphi + p * dmu
