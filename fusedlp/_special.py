@@ -428,8 +428,10 @@ def xlog1p_ratio(phi, mu):
     """
     u = mu / phi
     finite = u < jnp.inf
-    return phi * jnp.where(finite, jnp.log1p(jnp.where(finite, u, 0.0)),
-                           jnp.log(mu) - jnp.log(phi))
+    # where u underflows (XLA:CPU flushes a subnormal one to 0), phi log1p(u) is mu itself
+    return jnp.where(u < jnp.finfo(u.dtype).tiny, mu,
+                     phi * jnp.where(finite, jnp.log1p(jnp.where(finite, u, 0.0)),
+                                     jnp.log(mu) - jnp.log(phi)))
 
 
 @xlog1p_ratio.defjvp

@@ -43,11 +43,18 @@ from fusedlp._fuse import kernel
 # by fuse's edge rule a zero gradient (poisson_lpmf's hand rule reports +inf there).
 
 
-def _log_nb_positive(kp, mu, phi, stirlerr_n, bd0):
+def _log_nb_positive(kp, mu, phi, stirlerr_n, bd0, tiny=None):
     """log NB(k | mu, phi) + stirlerr(k) + log(2 pi k) / 2 for a count kp >= 1 and valid
     mu >= 0, phi > 0 (Loader's form without its part in k alone), given stirlerr(phi + kp)
     and bd0: the exact ones (`_log_nb`) or select-free forms (`_negative_binomial_fast`).
-    stirlerr(phi) is always the exact form: a scalar phi makes its selects scalar work."""
+    stirlerr(phi) is always the exact form: a scalar phi makes its selects scalar work.
+
+    ``tiny``, if given, marks where p = phi / (phi + mu) underflows (mu/phi > 1/tiny,
+    4.5e307 in float64; the exact pass): there n p and (mu - k) p are lost (XLA:CPU flushes
+    a subnormal p to 0, and the first bd0 came out 0 for 6.9e-6 at k = 1, mu = 1e300,
+    phi = 1e-8). bd0 is homogeneous, bd0(c x, c m) = c bd0(x, m), so there the first is
+    phi bd0(1, n/s, (mu - k)/s), and the second has m = n (mu/s), x - m = -phi (mu - k)/s:
+    no product with p. Only the arguments are selected, so each bd0 is formed once."""
     # p = phi / (phi + mu) and bd0's arguments, each written so that its derivatives are sums
     # of like-signed terms: (phi + k) q, say, has d/dphi of size 1/phi^2 but its product
     # rule subtracts two terms of size 1/phi; and so that nothing underflows on the way
@@ -56,15 +63,23 @@ def _log_nb_positive(kp, mu, phi, stirlerr_n, bd0):
     p = 1.0 / (1.0 + u)
     s = phi + mu
     n = phi + kp
+    x1, m1, d1, c1 = phi, n * p, (mu - kp) * p, 1.0
+    m2, d2 = mu * (p + kp / s), (kp - mu) * p
+    if tiny is not None:
+        q = _special.ratio(mu - kp, s)
+        x1, c1 = jnp.where(tiny, 1.0, x1), jnp.where(tiny, phi, 1.0)
+        m1, d1 = jnp.where(tiny, _special.ratio(n, s), m1), jnp.where(tiny, q, d1)
+        m2 = jnp.where(tiny, n * _special.ratio(mu, s), m2)
+        d2 = jnp.where(tiny, -phi * q, d2)
     return (-0.5 * jnp.log1p(kp / phi) + stirlerr_n - _special.stirlerr(phi)
-            - bd0(phi, n * p, diff=(mu - kp) * p)
-            - bd0(kp, mu * (p + kp / s), diff=(kp - mu) * p))
+            - c1 * bd0(x1, m1, diff=d1) - bd0(kp, m2, diff=d2))
 
 
 def _log_nb(k, mu, phi):
     """log NB(k | mu, phi) for a count k >= 0 and valid mu >= 0, phi > 0 (Loader's form)."""
     kp = jnp.where(k > 0, k, 1.0)
-    lp = (_log_nb_positive(kp, mu, phi, _special.stirlerr(phi + kp), _special.bd0)
+    tiny = mu / phi > 1.0 / jnp.finfo(jnp.result_type(mu, phi)).tiny
+    lp = (_log_nb_positive(kp, mu, phi, _special.stirlerr(phi + kp), _special.bd0, tiny)
           - _special.log_factorial_rest(kp, _special.stirlerr_int))
     return jnp.where(k > 0, lp, -_special.xlog1p_ratio(phi, mu))
 
@@ -91,7 +106,12 @@ def _fast_form(stirlerr_at, k, mean, concentration):
     the support, an invalid parameter, or a ratio that over- or underflows (the exact
     pass's cases)."""
     mu, phi = mean, concentration
-    verdict = _xla.nan_unless_nonneg(mu) + jax.lax.stop_gradient(jnp.log(phi) - jnp.log(phi))
+    # NaN unless mu/phi >= tiny (mu = 0, the boundary, and a u that underflows, which loses
+    # the value at k = 0, -mu, go to the exact pass) and phi > 0 is finite; tiny phi, not a
+    # division, which XLA:CPU then writes out as one more array
+    tiny = jnp.finfo(jnp.result_type(mu, phi)).tiny
+    verdict = (_xla.nan_unless_nonneg(mu - tiny * phi)
+               + jax.lax.stop_gradient(jnp.log(phi) - jnp.log(phi)))
     at_zero = -_special.xlog1p_ratio_fast(phi, mu)
     positive = jnp.minimum(k, 1.0)  # 1 for a count k >= 1, 0 at k = 0
     kp = jnp.maximum(k, 1.0)

@@ -186,14 +186,16 @@ def test_fast_form_kernels_keep_temporaries_block_sized(name, rng):
 
 
 @pytest.mark.parametrize("name, bound", [("gamma", 1.2), ("student_t", 0.5),
-                                         ("negative_binomial", 3.0), ("binomial_logit", 3.0)])
+                                         ("negative_binomial", 3.5), ("binomial_logit", 3.0)])
 @on_cpu
 def test_fast_partials_pass_the_fallback_in_place(name, bound, rng):
     """The gradient alone in a vector parameter at N = 8 blocks: the fast pass's per-element
     partials go on through the fallback to the exact pass (fusedlp._xla.fast_or_exact)
     without a copy, since that is a loop of at most one trip, whose carry XLA passes through
     in place. A lax.cond's branch that returned them copied them: one N-sized temporary
-    more (1.77, 1.13, 3.52 and 3.53 arrays, against 0.77, 0.13, 2.52 and 2.53)."""
+    more (1.77, 1.13, 3.52 and 3.53 arrays, against 0.77, 0.13, 2.52 and 2.53). The
+    negative binomial's is 3.39 since its exact pass selects bd0's arguments where
+    p = phi/(phi + mu) underflows: block-sized arrays of the exact pass, not a copy."""
     fn = jax.grad(_vector_parameter_kernels(rng, BLOCKS_N)[name])
     assert _temporaries(fn, np.full(BLOCKS_N, 1.5), n=BLOCKS_N) < bound
 
