@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -68,8 +70,12 @@ def _binomial_logit_element(k, n, logit, *, normalized=True):
     ok = nok & jnp.isfinite(logit) & ~jnp.isnan(k)
     eta = jnp.where(ok, logit, 0.0)
     a = jnp.abs(eta)
-    el = jnp.log1p(jnp.exp(-a))
-    lp = -(kk * _half_sum(-eta, a) + (nn - kk) * _half_sum(eta, a) + nn * el)
+    e = jnp.exp(-a)
+    el = jnp.log1p(e)
+    # n l where exp(-|eta|) underflows is exp(log n - |eta|): n l came out 0 for -3.7e-29 at
+    # n = 1e15, eta = -100 in float32 (exp(-100) subnormal, flushed by XLA:CPU)
+    n_el = jnp.where(e < jnp.finfo(e.dtype).tiny, jnp.exp(jnp.log(nn) - a), nn * el)
+    lp = -(kk * _half_sum(-eta, a) + (nn - kk) * _half_sum(eta, a) + n_el)
     if normalized:
         lp = jnp.where((kk == 0) | (kk == nn), lp, _log_binomial_interior(kk, nn, eta, a, el))
     return jnp.where(ok, jnp.where(kok, lp, -jnp.inf), jnp.nan)
@@ -103,8 +109,8 @@ def _binomial_logit_fast(k, n, logit, *, normalized=True):
     less `_binomial_logit_data`: Loader's interior form and the k = 0 or k = n form blended
     by an exact mask (k and n are data: min and max on them carry no tangent). With that
     part, not finite for k or n off the support, a non-finite logit, or n p, n q under- or
-    overflowing (the exact pass's cases)."""
-    verdict = jax.lax.stop_gradient(logit - logit)
+    overflowing, or exp(-|logit|) underflowing (the exact pass's cases)."""
+    verdict = _logit_verdict(logit)
     a = jnp.abs(logit)
     el = jnp.log1p(jnp.exp(-a))
     log_p = -(_half_sum(-logit, a) + el)
@@ -140,10 +146,11 @@ def _binomial_logit_data(k, n, *, normalized=True):
     return inner * part + verdict
 
 
-def _counts_verdict(k, n):
+def _counts_verdict(k, n, *more):
     """0 where k and n are whole numbers with 0 <= k <= n, NaN elsewhere: floor(a) - a is 0
-    for a whole a, negative otherwise."""
-    return _xla.nan_unless_all_nonneg(k, n - k, jnp.floor(k) - k, jnp.floor(n) - n)
+    for a whole a, negative otherwise; and where each of ``more`` is >= 0 (one square root
+    for all: `fusedlp._xla.nan_unless_all_nonneg`)."""
+    return _xla.nan_unless_all_nonneg(k, n - k, jnp.floor(k) - k, jnp.floor(n) - n, *more)
 
 
 def _binomial_dlogit(k, n, logit, *, normalized=True):
@@ -155,11 +162,24 @@ def _binomial_dlogit(k, n, logit, *, normalized=True):
 
 
 def _binomial_hand_verdict(k, n, logit, *, normalized=True):
-    """0 where k and n are counts with k <= n and the logit is finite, NaN elsewhere: there
+    """0 where k and n are counts with k <= n and the logit within `_logit_margin`'s
+    bound, NaN elsewhere: there
     `_binomial_dlogit` and its derivative hold, so a Hessian pass judges them by this,
     without forming the value (Loader's pieces, the kernel's dearest part)."""
     del normalized
-    return _counts_verdict(k, n) + jax.lax.stop_gradient(logit - logit)
+    return _counts_verdict(k, n, _logit_margin(logit))
+
+
+def _logit_margin(logit):
+    """-log(tiny) - 1 - |logit| (86.3 in float32, 707.4 in float64, less |logit|): negative
+    or NaN where the logit is not finite or exp(-|logit|) may underflow, and n log1p of it
+    with it, which the exact pass forms as exp(log n - |logit|) instead."""
+    return -math.log(jnp.finfo(jnp.result_type(logit)).tiny) - 1.0 - jnp.abs(logit)
+
+
+def _logit_verdict(logit):
+    """0 where `_logit_margin` is >= 0, NaN elsewhere."""
+    return _xla.nan_unless_nonneg(_logit_margin(logit))
 
 
 def _bernoulli_logit_edge(y, logit):
