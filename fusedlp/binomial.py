@@ -162,10 +162,9 @@ def _binomial_dlogit(k, n, logit, *, normalized=True):
 
 
 def _binomial_hand_verdict(k, n, logit, *, normalized=True):
-    """0 where k and n are counts with k <= n and the logit within `_logit_margin`'s
-    bound, NaN elsewhere: there
-    `_binomial_dlogit` and its derivative hold, so a Hessian pass judges them by this,
-    without forming the value (Loader's pieces, the kernel's dearest part)."""
+    """0 where k and n are counts with k <= n and `_logit_margin` is >= 0, NaN elsewhere:
+    there `_binomial_dlogit` and its derivative hold, so a Hessian pass judges them by
+    this, without forming the value (Loader's pieces, the kernel's dearest part)."""
     del normalized
     return _counts_verdict(k, n, _logit_margin(logit))
 

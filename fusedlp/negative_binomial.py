@@ -106,9 +106,9 @@ def _fast_form(stirlerr_at, k, mean, concentration):
     the support, an invalid parameter, or a ratio that over- or underflows (the exact
     pass's cases)."""
     mu, phi = mean, concentration
-    # NaN unless mu/phi >= tiny (mu = 0, the boundary, and a u that underflows, which loses
-    # the value at k = 0, -mu, go to the exact pass) and phi > 0 is finite; tiny phi, not a
-    # division, which XLA:CPU then writes out as one more array
+    # NaN unless mu >= tiny phi, i.e. mu/phi is normal (mu = 0, the boundary, and a u that
+    # underflows, which loses the value at k = 0, -mu, go to the exact pass), and unless
+    # phi > 0 is finite; for a scalar phi the bound tiny phi is scalar work
     tiny = jnp.finfo(jnp.result_type(mu, phi)).tiny
     verdict = (_xla.nan_unless_nonneg(mu - tiny * phi)
                + jax.lax.stop_gradient(jnp.log(phi) - jnp.log(phi)))
