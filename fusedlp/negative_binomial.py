@@ -43,14 +43,14 @@ from fusedlp._fuse import kernel
 # by fuse's edge rule a zero gradient (poisson_lpmf's hand rule reports +inf there).
 
 
-def _log_nb_positive(kp, mu, phi, stirlerr_n, bd0, tiny=None):
+def _log_nb_positive(kp, mu, phi, stirlerr_n, bd0, p_may_underflow=False):
     """log NB(k | mu, phi) + stirlerr(k) + log(2 pi k) / 2 for a count kp >= 1 and valid
     mu >= 0, phi > 0 (Loader's form without its part in k alone), given stirlerr(phi + kp)
     and bd0: the exact ones (`_log_nb`) or select-free forms (`_negative_binomial_fast`).
     stirlerr(phi) is always the exact form: a scalar phi makes its selects scalar work.
 
-    ``tiny``, if given, marks where p = phi / (phi + mu) underflows (mu/phi > 1/tiny,
-    4.5e307 in float64; the exact pass): there n p and (mu - k) p are lost (XLA:CPU flushes
+    With ``p_may_underflow`` (the exact pass), where p = phi / (phi + mu) underflows
+    (mu/phi > 1/tiny, 4.5e307 in float64), n p and (mu - k) p are lost (XLA:CPU flushes
     a subnormal p to 0, and the first bd0 came out 0 for 6.9e-6 at k = 1, mu = 1e300,
     phi = 1e-8). bd0 is homogeneous, bd0(c x, c m) = c bd0(x, m), so there the first is
     phi bd0(1, n/s, (mu - k)/s), and the second has m = n (mu/s), x - m = -phi (mu - k)/s:
@@ -65,12 +65,13 @@ def _log_nb_positive(kp, mu, phi, stirlerr_n, bd0, tiny=None):
     n = phi + kp
     x1, m1, d1, c1 = phi, n * p, (mu - kp) * p, 1.0
     m2, d2 = mu * (p + kp / s), (kp - mu) * p
-    if tiny is not None:
+    if p_may_underflow:
+        p_under = u > 1.0 / jnp.finfo(u.dtype).tiny
         q = _special.ratio(mu - kp, s)
-        x1, c1 = jnp.where(tiny, 1.0, x1), jnp.where(tiny, phi, 1.0)
-        m1, d1 = jnp.where(tiny, _special.ratio(n, s), m1), jnp.where(tiny, q, d1)
-        m2 = jnp.where(tiny, n * _special.ratio(mu, s), m2)
-        d2 = jnp.where(tiny, -phi * q, d2)
+        x1, c1 = jnp.where(p_under, 1.0, x1), jnp.where(p_under, phi, 1.0)
+        m1, d1 = jnp.where(p_under, _special.ratio(n, s), m1), jnp.where(p_under, q, d1)
+        m2 = jnp.where(p_under, n * _special.ratio(mu, s), m2)
+        d2 = jnp.where(p_under, -phi * q, d2)
     return (-0.5 * jnp.log1p(kp / phi) + stirlerr_n - _special.stirlerr(phi)
             - c1 * bd0(x1, m1, diff=d1) - bd0(kp, m2, diff=d2))
 
@@ -78,8 +79,8 @@ def _log_nb_positive(kp, mu, phi, stirlerr_n, bd0, tiny=None):
 def _log_nb(k, mu, phi):
     """log NB(k | mu, phi) for a count k >= 0 and valid mu >= 0, phi > 0 (Loader's form)."""
     kp = jnp.where(k > 0, k, 1.0)
-    tiny = mu / phi > 1.0 / jnp.finfo(jnp.result_type(mu, phi)).tiny
-    lp = (_log_nb_positive(kp, mu, phi, _special.stirlerr(phi + kp), _special.bd0, tiny)
+    lp = (_log_nb_positive(kp, mu, phi, _special.stirlerr(phi + kp), _special.bd0,
+                           p_may_underflow=True)
           - _special.log_factorial_rest(kp, _special.stirlerr_int))
     return jnp.where(k > 0, lp, -_special.xlog1p_ratio(phi, mu))
 
