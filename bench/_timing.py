@@ -257,6 +257,7 @@ def time_interleaved(
     max_repeats: int = 20_000,
     max_total: float | None = None,
     warmup: int = 1,
+    collect: bool = False,
 ) -> dict[str, Stats]:
     """Time several zero-argument callables round-robin; return per-call :class:`Stats`.
 
@@ -267,7 +268,10 @@ def time_interleaved(
     share the machine's noisy phases and none keeps a fixed place in the round: on XLA:CPU a
     call's time at N ~ 1e5 was seen to depend 2-3x on which call ran before it (the first
     and last of four fixed-order variants slow, the middle two fast, whatever they were).
-    The garbage collector is off while timing, as in :mod:`timeit`.
+    The garbage collector is off while timing, as in :mod:`timeit`. With ``collect`` it
+    also runs after every call, untimed: for variants that leave cyclic garbage (a loop of
+    statsmodels fits), which with the collector off piles up over the rounds and slows
+    whatever runs next (docs/performance.md, "Where fusedlp does not win").
 
     A timed call ends in ``jax.block_until_ready`` if the variant returns jax Arrays; a
     variant that returns none (a numba loop's float and NumPy array) is already done when it
@@ -302,6 +306,8 @@ def time_interleaved(
         while active:
             for name in order.permutation(active):
                 t = _timed_once(calls[name], block[name])
+                if collect:
+                    gc.collect()
                 samples[name].append(t)
                 spent[name] += t
             active = [name for name in names if needs(name)]
