@@ -287,7 +287,8 @@ def _exact_blocks(spec: _Spec, perturbed, *arrays):
     idx = [i for i, (w, nd) in enumerate(zip(want, spec.nondiff)) if w and not nd]
     _, flat, shape, batched = _elementwise(spec, arrays)
     value, ds = _xla.blockwise(
-        functools.partial(_exact_terms, spec, idx, batched, arrays[0].dtype), flat, batched)
+        functools.partial(_exact_terms, spec, idx, batched, arrays[0].dtype), flat, batched,
+        fallback=True)
     if perturbed is None:
         return value
     grads = {i: _fold(d, arrays[i], batched[i], shape) for i, d in ds.items()}

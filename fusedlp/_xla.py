@@ -191,7 +191,7 @@ def all_batched(out):
     return jax.tree.map(lambda _: True, out)
 
 
-def blockwise(fn: Callable, flat, batched):
+def blockwise(fn: Callable, flat, batched, *, fallback: bool = False):
     """``fn(*flat)`` computed over blocks of `BLOCK` elements, in a loop.
 
     ``flat`` are the arguments, each a vector of the same n elements where ``batched`` says
@@ -202,7 +202,11 @@ def blockwise(fn: Callable, flat, batched):
     allocates on every call, exact pass taken or not, and the pass itself runs faster
     (docs/performance.md). Up to two blocks, and where the process has several devices,
     ``fn`` runs on the whole: the data may then be split over a mesh with Auto axes, which
-    no trace-time type shows, and a block's slice of them would gather them.
+    no trace-time type shows, and a block's slice of them would gather them. A
+    ``fallback`` (an exact pass that runs only where a fast one fails) is split from above
+    one block, into blocks that divide it evenly (`_block_size`; else it stays whole): its
+    temporaries are allocated on every call, pass taken or not. A fast pass stays whole up
+    to two blocks, where blocks made some slower (docs/performance.md).
 
     Under ``vmap`` a batch of passes too short to split (problems of fewer than two blocks
     each) is split by members instead: as many members per block as fill one, ``fn``
@@ -217,6 +221,9 @@ def blockwise(fn: Callable, flat, batched):
 
     @custom_batching.custom_vmap
     def whole(*a):
+        size = _block_size(n)
+        if fallback and n > BLOCK and n % size == 0:  # a remainder: a second copy of fn
+            return _in_blocks(fn, a, batched, n, size)
         return fn(*a)
 
     @whole.def_vmap

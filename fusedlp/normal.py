@@ -167,7 +167,7 @@ def _in_support_sums(shape, z2, x, loc, s):
     def exact(_):  # over blocks: its selects' temporaries stay block-sized
         flat = [jnp.broadcast_to(a, shape).reshape(-1) if a.size != 1 else a.reshape(())
                 for a in (x, loc)]
-        return _xla.blockwise(sums, flat, [a.ndim == 1 for a in flat])
+        return _xla.blockwise(sums, flat, [a.ndim == 1 for a in flat], fallback=True)
 
     fast = lambda _: (z2, z1, jnp.asarray(n, z2.dtype))  # noqa: E731
     if _xla.below(n, _xla.SMALL_NORMAL):

@@ -221,7 +221,7 @@ def _fast_or_exact(k, param, fast, exact):
 
     def blocks(k, param):
         batched, flat = _flattened(k, param)
-        value, d = _xla.blockwise(exact, flat, batched)
+        value, d = _xla.blockwise(exact, flat, batched, fallback=True)
         return value, None if d is None else d.reshape(param.shape)
 
     return _xla.fast_or_exact(n, fast, exact, k, param,

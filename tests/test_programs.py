@@ -261,6 +261,24 @@ _KERNELS_OF_DATA = {
 }
 
 
+@pytest.mark.parametrize("name, bound", [
+    ("gamma", 4.5), ("student_t", 1.75), ("negative_binomial", 15.0),
+    ("binomial_logit", 13.0), ("poisson", 4.0), ("poisson_log", 4.5)])
+@on_cpu
+def test_exact_pass_of_one_to_two_blocks_runs_in_halves(name, bound, rng):
+    """Value and gradient in a vector parameter, counts as a jit argument, at N = 100,000
+    (between one and two blocks): the exact pass behind the fast form runs over two blocks
+    of 50,000 (fusedlp._xla.blockwise's ``fallback``), under ``bound`` N-sized temporaries
+    (4.06, 1.5, 13.56, 11.63, 3.56, 4.06 measured). At N = 100,003, which no block size
+    between half a block and a block divides, it stays whole (a remainder block would be a
+    second copy of it to compile) and holds more than the bound (6.13, 2.0, 26.13, 21.25,
+    5.13, 6.13)."""
+    fn = jax.value_and_grad(_KERNELS_OF_DATA[name])
+    temps = {n: _temporaries(fn, np.full(n, 1.5), rng.poisson(3.0, n).astype(np.float64), n=n)
+             for n in (100_000, 100_003)}
+    assert temps[100_000] < bound < temps[100_003]
+
+
 def _program_lines(fn, shape) -> int:
     """Lines of the lowered ``jit(fn)`` for a parameter and counts of ``shape``: how much
     code XLA compiles (the exact passes are its largest part)."""
