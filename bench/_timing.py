@@ -257,7 +257,7 @@ def time_interleaved(
     max_repeats: int = 20_000,
     max_total: float | None = None,
     warmup: int = 1,
-    collect: bool = False,
+    collect: float | None = None,
 ) -> dict[str, Stats]:
     """Time several zero-argument callables round-robin; return per-call :class:`Stats`.
 
@@ -268,10 +268,12 @@ def time_interleaved(
     share the machine's noisy phases and none keeps a fixed place in the round: on XLA:CPU a
     call's time at N ~ 1e5 was seen to depend 2-3x on which call ran before it (the first
     and last of four fixed-order variants slow, the middle two fast, whatever they were).
-    The garbage collector is off while timing, as in :mod:`timeit`. With ``collect`` it
-    also runs after every call, untimed: for variants that leave cyclic garbage (a loop of
-    statsmodels fits), which with the collector off piles up over the rounds and slows
-    whatever runs next (docs/performance.md, "Where fusedlp does not win").
+    The garbage collector is off while timing, as in :mod:`timeit`. With ``collect`` (in
+    seconds) it also runs, untimed, after a call that ends that many seconds of timed calls
+    since it last ran: for variants that leave cyclic garbage (a loop of statsmodels fits),
+    which with the collector off piles up over the rounds and slows whatever runs next
+    (docs/performance.md, "Where fusedlp does not win"). Not after every call: a call of
+    a millisecond right after a collection runs with cold caches.
 
     A timed call ends in ``jax.block_until_ready`` if the variant returns jax Arrays; a
     variant that returns none (a numba loop's float and NumPy array) is already done when it
@@ -301,13 +303,16 @@ def time_interleaved(
     gc.collect()
     gc.disable()
     order = np.random.default_rng(0)
+    since_collect = 0.0
     try:
         active = names
         while active:
             for name in order.permutation(active):
                 t = _timed_once(calls[name], block[name])
-                if collect:
+                since_collect += t
+                if collect is not None and since_collect >= collect:
                     gc.collect()
+                    since_collect = 0.0
                 samples[name].append(t)
                 spent[name] += t
             active = [name for name in names if needs(name)]

@@ -74,7 +74,7 @@ def _max_rel(got, want) -> float:
 
 def _time(calls: dict, cfg: dict) -> dict:
     return _timing.time_interleaved(calls, min_repeats=cfg["repeats"], min_total=0.0,
-                                    max_total=cfg["max_total"], collect=True)
+                                    max_total=cfg["max_total"], collect=1.0)
 
 
 def _row(name, fused_warm, compile_s, baselines, agreement, extra=None) -> dict:
