@@ -69,12 +69,14 @@ def _log1p_sq(z, df):
 
 def _log_t_norm_large(df):
     """`_log_t_norm` for nu > 14, from Stirling's series (see there); a log1pmx(1/(2a)) as
-    xlog1p_ratio(a, 1/2) - 1/2, whose derivative log1pmx(u) + u^2/(1 + u) is formed from
-    u = 1/(2a) alone (through the chain rule, log1pmx'(u) u'(a) ~ (-u)(-2u^2) is subnormal,
-    and flushed, at nu = 1e15 in float32, which left d/ddf of the wrong sign there)."""
+    xlog1p_ratio_fast(a, 1/2) - 1/2, whose derivative log1pmx(u) + u^2/(1 + u) is formed
+    from u = 1/(2a) alone (through the chain rule, log1pmx'(u) u'(a) ~ (-u)(-2u^2) is
+    subnormal, and flushed, at nu = 1e15 in float32, which left d/ddf of the wrong sign
+    there). The select-free form: u <= 1/14 here, so none of `xlog1p_ratio`'s selects for
+    a large or overflowing u is needed (per-element df: 0.78x as fast with them)."""
     a = 0.5 * df
     return (_special.stirling_series(a + 0.5) - _special.stirling_series(a)
-            + (_special.xlog1p_ratio(a, 0.5) - 0.5) - 0.5 * math.log(2.0))
+            + (_special.xlog1p_ratio_fast(a, 0.5) - 0.5) - 0.5 * math.log(2.0))
 
 
 @jax.custom_jvp
