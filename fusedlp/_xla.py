@@ -211,7 +211,8 @@ def blockwise(fn: Callable, flat, batched, *, fallback: bool = False):
     Under ``vmap`` a batch of passes too short to split (problems of fewer than two blocks
     each) is split by members instead: as many members per block as fill one, ``fn``
     vmapped over each block (the batch size is known only there, so `_by_members` is
-    the batching rule of a `jax.custom_batching.custom_vmap`).
+    the batching rule of a `jax.custom_batching.custom_vmap`); a ``fallback`` batch of
+    one to two blocks, as above, into blocks of members that divide it evenly.
     """
     n = next(a.shape[0] for a, b in zip(flat, batched) if b)
     if jax.device_count() > 1 or not cpu_layouts():
@@ -230,8 +231,13 @@ def blockwise(fn: Callable, flat, batched, *, fallback: bool = False):
     def _by_members(axis_size, in_batched, *a):
         each = over_members(fn, in_batched)
         per = max(1, BLOCK // n)  # members per block
-        out = (_in_blocks(each, a, in_batched, axis_size, per) if axis_size // per >= 2
-               else each(*a))
+        size = _block_size(axis_size, per)
+        if axis_size // per >= 2:
+            out = _in_blocks(each, a, in_batched, axis_size, per)
+        elif fallback and axis_size > per and axis_size % size == 0:
+            out = _in_blocks(each, a, in_batched, axis_size, size)
+        else:
+            out = each(*a)
         return out, all_batched(out)
 
     return whole(*flat)
@@ -254,12 +260,14 @@ def data_sum(term: Callable, *flat) -> jax.Array:
     return blockwise(summed, list(flat), [True] * len(flat))
 
 
-def _block_size(n: int) -> int:
-    """The largest divisor of ``n`` between half a `BLOCK` and a `BLOCK`, else `BLOCK`:
-    blocks that divide ``n`` leave no remainder, which would be a second copy of the pass
-    in the program (its summed outputs rule out `_in_blocks`'s overlapping last block)."""
-    return next((n // m for m in range(-(-n // BLOCK), 2 * n // BLOCK + 1)
-                 if n % m == 0 and 2 * (n // m) > BLOCK), BLOCK)
+def _block_size(n: int, block: int | None = None) -> int:
+    """The largest divisor of ``n`` between half a block and a block (`BLOCK` elements
+    unless ``block`` is given), else the block: blocks that divide ``n`` leave no
+    remainder, which would be a second copy of the pass in the program (its summed outputs
+    rule out `_in_blocks`'s overlapping last block)."""
+    block = BLOCK if block is None else block
+    return next((n // m for m in range(-(-n // block), 2 * n // block + 1)
+                 if n % m == 0 and 2 * (n // m) > block), block)
 
 
 def _in_blocks(fn: Callable, arrays, batched, n: int, size: int):

@@ -18,6 +18,7 @@ loop over blocks, which the last tests here assert on every backend.
 
 from __future__ import annotations
 
+import math
 import re
 
 import jax
@@ -269,14 +270,20 @@ def test_exact_pass_of_one_to_two_blocks_runs_in_halves(name, bound, rng):
     """Value and gradient in a vector parameter, counts as a jit argument, at N = 100,000
     (between one and two blocks): the exact pass behind the fast form runs over two blocks
     of 50,000 (fusedlp._xla.blockwise's ``fallback``), under ``bound`` N-sized temporaries
-    (4.06, 1.5, 13.56, 11.63, 3.56, 4.06 measured). At N = 100,003, which no block size
-    between half a block and a block divides, it stays whole (a remainder block would be a
-    second copy of it to compile) and holds more than the bound (6.13, 2.0, 26.13, 21.25,
-    5.13, 6.13)."""
-    fn = jax.value_and_grad(_KERNELS_OF_DATA[name])
-    temps = {n: _temporaries(fn, np.full(n, 1.5), rng.poisson(3.0, n).astype(np.float64), n=n)
-             for n in (100_000, 100_003)}
-    assert temps[100_000] < bound < temps[100_003]
+    (4.06, 1.5, 13.56, 11.63, 3.56, 4.06 measured); so does a vmapped batch of 10 problems
+    of 10,000, in two blocks of 5 members. At N = 100,003, which no block size between half
+    a block and a block divides, it stays whole (a remainder block would be a second copy
+    of it to compile) and holds more than the bound (6.13, 2.0, 26.13, 21.25, 5.13, 6.13),
+    as does a batch of 11 problems of 9,091 (7 members fill a block; 11 is prime)."""
+    one = jax.value_and_grad(_KERNELS_OF_DATA[name])
+
+    def temps(shape):
+        fn = one if len(shape) == 1 else jax.vmap(one)
+        k = rng.poisson(3.0, shape).astype(np.float64)
+        return _temporaries(fn, np.full(shape, 1.5), k, n=math.prod(shape))
+
+    assert max(temps((100_000,)), temps((10, 10_000))) < bound
+    assert min(temps((100_003,)), temps((11, 9_091))) > bound
 
 
 def _program_lines(fn, shape) -> int:
