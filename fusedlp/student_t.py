@@ -73,7 +73,8 @@ def _log_t_norm_large(df):
     from u = 1/(2a) alone (through the chain rule, log1pmx'(u) u'(a) ~ (-u)(-2u^2) is
     subnormal, and flushed, at nu = 1e15 in float32, which left d/ddf of the wrong sign
     there). The select-free form: u <= 1/14 here, so none of `xlog1p_ratio`'s selects for
-    a large or overflowing u is needed (per-element df: 0.78x as fast with them)."""
+    a large or overflowing u is needed, and a per-element df runs faster without them
+    (docs/performance.md)."""
     a = 0.5 * df
     return (_special.stirling_series(a + 0.5) - _special.stirling_series(a)
             + (_special.xlog1p_ratio_fast(a, 0.5) - 0.5) - 0.5 * math.log(2.0))
