@@ -222,22 +222,16 @@ def blockwise(fn: Callable, flat, batched, *, fallback: bool = False):
 
     @custom_batching.custom_vmap
     def whole(*a):
-        size = _block_size(n)
-        if fallback and n > BLOCK and n % size == 0:  # a remainder: a second copy of fn
-            return _in_blocks(fn, a, batched, n, size)
-        return fn(*a)
+        size = _even_blocks(n, BLOCK) if fallback else None
+        return fn(*a) if size is None else _in_blocks(fn, a, batched, n, size)
 
     @whole.def_vmap
     def _by_members(axis_size, in_batched, *a):
         each = over_members(fn, in_batched)
         per = max(1, BLOCK // n)  # members per block
-        size = _block_size(axis_size, per)
-        if axis_size // per >= 2:
-            out = _in_blocks(each, a, in_batched, axis_size, per)
-        elif fallback and axis_size > per and axis_size % size == 0:
-            out = _in_blocks(each, a, in_batched, axis_size, size)
-        else:
-            out = each(*a)
+        size = (per if axis_size // per >= 2
+                else _even_blocks(axis_size, per) if fallback else None)
+        out = each(*a) if size is None else _in_blocks(each, a, in_batched, axis_size, size)
         return out, all_batched(out)
 
     return whole(*flat)
@@ -258,6 +252,14 @@ def data_sum(term: Callable, *flat) -> jax.Array:
         return jnp.sum(fenced(terms, jax.eval_shape(terms, *fl), *fl))
 
     return blockwise(summed, list(flat), [True] * len(flat))
+
+
+def _even_blocks(n: int, block: int) -> int | None:
+    """For a fallback of more than one block and fewer than two: a `_block_size` that
+    divides ``n``, or None (then it stays whole: a remainder block would be a second copy
+    of the pass to compile)."""
+    size = _block_size(n, block)
+    return size if n > block and n % size == 0 else None
 
 
 def _block_size(n: int, block: int | None = None) -> int:
