@@ -63,6 +63,15 @@ def _bernoulli_logit_element(y, logit):
 
 
 def _binomial_logit_element(k, n, logit, *, normalized=True):
+    return _binomial_logit_lp(k, n, logit, normalized, wide=False)
+
+
+def _binomial_logit_element_wide(k, n, logit, *, normalized=True):
+    """`_binomial_logit_element` with k - n p in float64 (see `_log_binomial_interior`)."""
+    return _binomial_logit_lp(k, n, logit, normalized, wide=True)
+
+
+def _binomial_logit_lp(k, n, logit, normalized, *, wide):
     nok = (n >= 0) & (n == jnp.floor(n)) & (n < jnp.inf)
     kok = (k >= 0) & (k <= n) & (k == jnp.floor(k))
     nn = jnp.where(nok, n, 0.0)
@@ -77,11 +86,12 @@ def _binomial_logit_element(k, n, logit, *, normalized=True):
     n_el = jnp.where(e < jnp.finfo(e.dtype).tiny, jnp.exp(jnp.log(nn) - a), nn * el)
     lp = -(kk * _half_sum(-eta, a) + (nn - kk) * _half_sum(eta, a) + n_el)
     if normalized:
-        lp = jnp.where((kk == 0) | (kk == nn), lp, _log_binomial_interior(kk, nn, eta, a, el))
+        lp = jnp.where((kk == 0) | (kk == nn), lp,
+                       _log_binomial_interior(kk, nn, eta, a, el, wide=wide))
     return jnp.where(ok, jnp.where(kok, lp, -jnp.inf), jnp.nan)
 
 
-def _log_binomial_interior(k, n, eta, abs_eta, el):
+def _log_binomial_interior(k, n, eta, abs_eta, el, *, wide):
     """log Binomial(k | n, sigmoid(eta)) for 0 < k < n, by Loader's form (R's dbinom_raw):
 
         stirlerr(n) - stirlerr(k) - stirlerr(n - k) - bd0(k, n p) - bd0(n - k, n q)
@@ -90,6 +100,12 @@ def _log_binomial_interior(k, n, eta, abs_eta, el):
     without the cancellation of log C(n, k) against k log p + (n - k) log q at large n.
     log p = -softplus(-eta) and log q = -softplus(eta) go to bd0 too: n p underflows at
     eta = -1e4 where its logarithm does not.
+
+    The deviance squares the rounding of k - n p near the mode: n eps^2, 0.014 at n = 1e12
+    in float32. With ``wide`` in a dtype narrower than float64, k - n p, n p and n q are
+    formed in float64 (`_special.in_float64`): for n beyond 2/eps (`_binomial_logit_for`).
+    Below, and in float64 (n eps^2 is 0.2 ulp at n = 1e15), the dtype's own rounding stays
+    well within the bound.
     """
     inner = (k > 0) & (k < n)
     k = jnp.where(inner, k, 1.0)
@@ -98,10 +114,20 @@ def _log_binomial_interior(k, n, eta, abs_eta, el):
     log_q = -(_half_sum(eta, abs_eta) + el)
     log_n = jnp.log(n)
     m = n - k
+    if not wide or jnp.finfo(n.dtype).bits >= 64:
+        d, n_p, n_q = None, n * jnp.exp(log_p), n * jnp.exp(log_q)
+    else:
+        d, n_p, n_q = _special.in_float64(_count_less_mean, k, n, eta)
     return (_special.stirlerr_int(n) - _special.stirlerr_int(k) - _special.stirlerr_int(m)
-            - _special.bd0(k, n * jnp.exp(log_p), log_m=log_n + log_p)
-            - _special.bd0(m, n * jnp.exp(log_q), log_m=log_n + log_q)
+            - _special.bd0(k, n_p, diff=d, log_m=log_n + log_p)
+            - _special.bd0(m, n_q, diff=None if d is None else -d, log_m=log_n + log_q)
             - _special.HALF_LOG_2PI - 0.5 * (jnp.log(k) + jnp.log1p(-k / n)))
+
+
+def _count_less_mean(k, n, eta):
+    """k - n p (bd0's ``diff``, and -(n - k - n q)), n p and n q, for p = sigmoid(eta)."""
+    p, q = _special.logistic_pair(eta)
+    return k - n * p, n * p, n * q
 
 
 def _binomial_logit_fast(k, n, logit, *, normalized=True):
@@ -135,10 +161,12 @@ def _interior(k, n):
 def _binomial_logit_data(k, n, *, normalized=True):
     """The fast form's part in k and n alone: for 0 < k < n, Loader's
     stirlerr(n) - stirlerr(k) - stirlerr(n - k) - log(2 pi k (n - k) / n) / 2 (if
-    ``normalized``), and NaN unless k and n are counts with k <= n."""
-    verdict = _counts_verdict(k, n)
+    ``normalized``), and NaN unless k and n are counts with k <= n (and n <= 2/eps if
+    ``normalized``)."""
     if not normalized:
-        return verdict
+        return _counts_verdict(k, n)
+    # up to 2/eps trials, as `_binomial_logit_for`: beyond, the exact pass, wide
+    verdict = _counts_verdict(k, n, 2.0 / jnp.finfo(jnp.result_type(n)).eps - n)
     inner, ks, ms, ns = _interior(k, n)
     part = (_special.stirlerr_int_fast(ns) - _special.stirlerr_int_fast(ks)
             - _special.stirlerr_int_fast(ms)
@@ -197,6 +225,21 @@ _BINOMIAL_LOGIT_OPTIONS = dict(fast=_binomial_logit_fast, fast_layout="columns",
                                data_term=_binomial_logit_data, fast_second_order=True)
 _binomial_logit = kernel(_binomial_logit_element, **_BINOMIAL_LOGIT_OPTIONS,
                          hand_verdict=_binomial_hand_verdict)
+_binomial_logit_wide = kernel(_binomial_logit_element_wide, **_BINOMIAL_LOGIT_OPTIONS,
+                              hand_verdict=_binomial_hand_verdict)
+
+
+def _binomial_logit_for(n, dtype):
+    """The binomial kernel for trials ``n`` in ``dtype``: `_binomial_logit_wide` (k - n p in
+    float64 in the exact pass) in a dtype narrower than float64 unless every n is known now
+    to be at most 2/eps (2**24 in float32: every count below it is representable), beyond
+    which the deviance's squared rounding leaves the bound. Its float64 part is a cost of
+    the exact pass alone (up to fusedlp._xla.SMALL elements, the whole call; timings in
+    docs/kernels.md): the fast pass takes n up to 2/eps either way."""
+    if jnp.finfo(dtype).bits >= 64 or (
+            _checks.is_concrete(n) and np.all(np.asarray(n) <= 2.0 / jnp.finfo(dtype).eps)):
+        return _binomial_logit
+    return _binomial_logit_wide
 
 
 @constraints.declare(support={"y": constraints.binary},
@@ -296,4 +339,5 @@ def binomial_logit_lpmf(
       -2.0
     """
     del validate_args  # checked by constraints.declare
-    return _binomial_logit(k, n, logit, normalized=bool(normalized))
+    kernel_ = _binomial_logit_for(n, _checks.float_dtype(*map(jnp.asarray, (k, n, logit))))
+    return kernel_(k, n, logit, normalized=bool(normalized))
