@@ -369,34 +369,39 @@ def _modified_newton(g: jax.Array, H: jax.Array) -> _Newton:
     return _Newton(direction=-(Q @ (c / a)) / d, decrement2=jnp.sum(c * c / a))
 
 
-def _backtrack(loss: Callable, flat, value, direction, decrement2, max_halvings):
-    """The first of the steps 1, 1/2, 1/4, ... (at most ``max_halvings`` halvings) along
-    ``direction`` whose loss is finite and lower, by Armijo's condition; returns
-    ``(new_flat, trial, found)``: ``flat`` itself if none is found, and the last loss
-    evaluated (the new point's if found).
+def _armijo(value, trial, alpha, decrement2):
+    """Whether ``trial`` (the loss a step ``alpha`` along the Newton direction) is finite
+    and lower than ``value`` by Armijo's condition.
 
     Where the decrease Newton predicts (``decrement2 / 2``) is below the loss's own rounding,
     values cannot rank the points: a step whose loss is equal within that rounding is
     taken, since the gradient, which still resolves the optimum, chose it.
     """
     slack = 8 * float(jnp.finfo(value.dtype).eps) * jnp.abs(value)
-    below_rounding = decrement2 <= slack
+    lower = (trial < value) & (trial <= value - _ARMIJO * alpha * decrement2)
+    return jnp.isfinite(trial) & (lower | (decrement2 <= slack) & (trial <= value + slack))
+
+
+def _backtrack(loss: Callable, flat, value, direction, decrement2, alpha, trials):
+    """The first of the steps ``alpha``, ``alpha``/2, ... (at most ``trials`` of them) along
+    ``direction`` that `_armijo` accepts against ``value``; returns ``(new_flat, trial,
+    found)``: ``flat`` itself if none is found, and the last loss evaluated (the new
+    point's if found; ``value`` if none was)."""
 
     def cond(s):
         _, j, found, _ = s
-        return ~found & (j <= max_halvings)
+        return ~found & (j < trials)
 
     def body(s):
-        alpha, j, _, _ = s
-        alpha = jnp.where(j > 0, 0.5 * alpha, alpha)
-        trial = loss(flat + alpha * direction)
-        lower = (trial < value) & (trial <= value - _ARMIJO * alpha * decrement2)
-        found = jnp.isfinite(trial) & (lower | below_rounding & (trial <= value + slack))
-        return alpha, j + 1, found, trial
+        a, j, _, _ = s
+        a = jnp.where(j > 0, 0.5 * a, a)
+        trial = loss(flat + a * direction)
+        return a, j + 1, _armijo(value, trial, a, decrement2), trial
 
-    start = (jnp.ones((), flat.dtype), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.bool_), value)
-    alpha, _, found, trial = jax.lax.while_loop(cond, body, start)
-    return jnp.where(found, flat + alpha * direction, flat), trial, found
+    start = (jnp.asarray(alpha, flat.dtype), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.bool_),
+             value)
+    a, _, found, trial = jax.lax.while_loop(cond, body, start)
+    return jnp.where(found, flat + a * direction, flat), trial, found
 
 
 def _verdict(max_steps, params, loss, gnorm, step, moved, done, ok):
@@ -431,41 +436,74 @@ def _first_state(cfg: _Settings, params, loss, gnorm, inner, hessian=None) -> _L
                       previous=(params, loss, gnorm, hessian), inner=inner, hessian=hessian)
 
 
-def _newton_loop(cfg: _Settings, params, rtol) -> _LoopState:
-    """Newton's loop. Each pass searches along the last Newton step (the search's accepted
-    value is the new iterate's), then forms the gradient, Hessian and Newton step there and
-    judges it. The first pass judges ``params`` itself: its search is one evaluation
-    along a zero step. So the objective is formed in one place, the search, and the
-    gradient and Hessian in another."""
+def _newton_loop(cfg: _Settings, params, rtol, lockstep: bool) -> _LoopState:
+    """Newton's loop: each pass moves to a point along the last Newton step that `_armijo`
+    accepts (halving from the full step, at most `_MAX_HALVINGS` times, else ``STALLED``)
+    and forms the loss's gradient, Hessian and next Newton step there. The first pass takes
+    ``params`` itself (a zero step).
+
+    A single fit forms the loss, gradient and Hessian at the full step in one program, so
+    that the objective's shared work (X beta) is formed once, and takes it if accepted.
+    Where it is not, the pass searches the halved steps by the loss alone, and the next
+    pass forms the gradient and Hessian where the search landed (a recentring pass: a zero
+    step, taken as it is). Under ``vmap`` (``lockstep``) every pass runs for the whole
+    batch while any member runs, and one member's recentring pass would be one more pass
+    for all: there each pass searches by the loss from the full step, then forms the
+    gradient and Hessian where it landed (timings of both in docs/performance.md)."""
     _, unravel = ravel_pytree(params)
 
     def loss_flat(v):
         return cfg.loss_fn(unravel(v))
 
-    def body(s: _LoopState) -> _LoopState:
-        newton, first = s.inner
-        flat = ravel_pytree(s.params)[0]
-        # +inf accepts any finite value at the start (the zero step's Armijo test is trivial)
-        base = jnp.where(first, jnp.inf, s.loss)
-        # Under vmap the loop runs while any member runs, and a finished member's pass is
-        # discarded: its search stops at once, not after 30 halvings the batch would wait on
-        halvings = jnp.where(first | (s.status != _RUNNING), 0, _MAX_HALVINGS)
-        new_flat, trial, moved = _backtrack(loss_flat, flat, base, newton.direction,
-                                            newton.decrement2, halvings)
-        new_loss = jnp.where(moved | first, trial, s.loss)
-        g, H = _grad_hessian(loss_flat, new_flat)
+    def judged(s, at, value, g, H, moved, previous, recentre):
+        """The state at the flat point ``at``, with its loss, gradient and Hessian."""
         newton = _modified_newton(g, H)
         gnorm = optax.tree.norm(unravel(g))
-        step = s.step + (~first).astype(jnp.int32)
-        new_params = unravel(new_flat)
-        status = _verdict(cfg.max_steps, new_params, new_loss, gnorm, step, moved | first,
+        step = s.step + (moved & ~recentre).astype(jnp.int32)
+        status = _verdict(cfg.max_steps, unravel(at), value, gnorm, step, moved | recentre,
                           newton.decrement2 <= rtol**2, _tree_all_finite(newton))
-        cfg.report(step, new_loss, gnorm, status)
-        return _LoopState(
-            params=new_params, loss=new_loss, grad_norm=gnorm, step=step,
-            history=s.history.at[step].set(cfg.sign * new_loss), status=status,
-            previous=(s.params, s.loss, s.grad_norm, s.hessian),
-            inner=(newton, jnp.asarray(False)), hessian=H)
+        return _LoopState(params=unravel(at), loss=value, grad_norm=gnorm, step=step,
+                          history=s.history.at[step].set(cfg.sign * value), status=status,
+                          previous=previous, inner=(newton, jnp.asarray(False)), hessian=H)
+
+    def body(s: _LoopState) -> _LoopState:
+        newton, recentre = s.inner
+        flat = ravel_pytree(s.params)[0]
+        running = s.status == _RUNNING
+        before = (s.params, s.loss, s.grad_norm, s.hessian)
+        if lockstep:
+            # A finished member's pass is discarded: its search stops at once, not after the
+            # halvings the batch would wait on. At the start, +inf accepts any finite loss.
+            at, trial, found = _backtrack(
+                loss_flat, flat, jnp.where(recentre, jnp.inf, s.loss), newton.direction,
+                newton.decrement2, 1.0, jnp.where(recentre | ~running, 1, _MAX_HALVINGS + 1))
+            g, H = _grad_hessian(loss_flat, at)
+            out = judged(s, at, jnp.where(found | recentre, trial, s.loss), g, H, found,
+                         before, recentre)
+        else:
+            full = flat + newton.direction  # flat itself on a recentring pass
+            value, g, H = _value_grad_hessian(loss_flat, full)
+            taken = recentre | _armijo(s.loss, value, 1.0, newton.decrement2)
+            at, trial, found = _backtrack(loss_flat, flat, s.loss, newton.direction,
+                                          newton.decrement2, 0.5,
+                                          jnp.where(taken | ~running, 0, _MAX_HALVINGS))
+            # taken: the step with its own gradient and Hessian (a recentring pass keeps
+            # the iterate before the search as the one to go back to)
+            at_full = judged(s, full, value, g, H, taken, _select(recentre, s.previous, before),
+                             recentre)
+            # else moved where the search found, its gradient and Hessian next pass; or
+            # no improving step (the last pass judged the iterate: not converged)
+            zero = _Newton(direction=jnp.zeros_like(flat), decrement2=jnp.zeros_like(value))
+            loss = jnp.where(found, trial, s.loss)
+            step = s.step + found.astype(jnp.int32)
+            searched = s._replace(
+                params=unravel(at), loss=loss, step=step,
+                history=s.history.at[step].set(cfg.sign * loss),
+                status=jnp.where(found, s.status, FitStatus.STALLED).astype(jnp.int32),
+                previous=before, inner=(_select(found, zero, newton), found))
+            out = _select(taken, at_full, searched)
+        cfg.report(out.step, out.loss, out.grad_norm, out.status)
+        return out
 
     flat = ravel_pytree(params)[0]
     start = _Newton(direction=jnp.zeros_like(flat), decrement2=jnp.zeros((), flat.dtype))
@@ -545,8 +583,9 @@ def _progress_report(every: int, max_steps: int, sign: float) -> Callable:
     return report
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4))
-def _fit_loop(objective, optimizer, maximize, max_steps, every, params, data, rtol, atol):
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4, 5))
+def _fit_loop(objective, optimizer, maximize, max_steps, every, lockstep, params, data, rtol,
+              atol):
     sign = -1.0 if maximize else 1.0
 
     def loss_fn(p):  # minimised, as optax does
@@ -555,7 +594,7 @@ def _fit_loop(objective, optimizer, maximize, max_steps, every, params, data, rt
     report = _progress_report(every, max_steps, sign)
     cfg = _Settings(loss_fn=loss_fn, sign=sign, max_steps=max_steps, report=report)
     if optimizer == "newton":  # fit has resolved every other name
-        s = _newton_loop(cfg, params, rtol)
+        s = _newton_loop(cfg, params, rtol, lockstep)
     else:
         s = _optax_loop(cfg, optimizer, params, rtol, atol)
     # A diverging step was computed and carried like any other: restore the last finite
@@ -820,7 +859,7 @@ def fit(
             raise ImportError("fit: progress=True needs tqdm (pip install 'fusedlp[progress]')")
         every = max(1, max_steps // 100) if progress is True else int(progress)
     result = _fit_loop(objective, optimizer, bool(maximize), int(max_steps), every,
-                       params, tuple(data), tol, atol)
+                       _under_vmap(params, data), params, tuple(data), tol, atol)
     _check_finite_start(result)
     return result
 

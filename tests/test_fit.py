@@ -529,6 +529,27 @@ def test_newton_under_vmap_equals_single_fits(rng):
         np.testing.assert_allclose(batched.params["beta"][i], single.params["beta"], rtol=1e-10)
 
 
+def test_newton_search_after_a_rejected_full_step_single_and_vmapped_agree():
+    # From x = 0 the full Newton step of k x - exp(x) is to x = k - 1: exp(999) overflows
+    # at k = 1000, so the fit halves. A single fit forms loss, gradient and Hessian at the
+    # full step, then searches and recentres; a vmapped one searches first (fitting's
+    # _newton_loop): the two must take the same steps to the same optimum, log k.
+    def loglik(params, k):
+        return k * params["x"] - jnp.exp(params["x"])
+
+    init = {"x": jnp.zeros(())}
+    ks = jnp.array([1000.0, 3.0, 1e-3])
+    batched = jax.jit(jax.vmap(lambda k: fusedlp.fit(loglik, init, k)))(ks)
+    for i, k in enumerate(ks):
+        single = fusedlp.fit(loglik, init, k)
+        assert bool(single.converged) and bool(batched.converged[i])
+        assert int(single.num_steps) == int(batched.num_steps[i])
+        np.testing.assert_allclose(batched.params["x"][i], single.params["x"], rtol=1e-12)
+        np.testing.assert_allclose(single.params["x"], np.log(float(k)), rtol=1e-10)
+        np.testing.assert_allclose(batched.history[i], single.history, rtol=1e-12)
+    assert int(batched.num_steps[0]) > int(batched.num_steps[1])  # it searched
+
+
 def test_a_finished_member_does_not_prolong_a_vmapped_newton_fit():
     # Under vmap the loop runs while any member runs. Member 0 stalls at once: -|x| + x/1000
     # has a slope but no curvature at x = 0, and every step along it lowers the objective,
@@ -553,7 +574,7 @@ def test_a_finished_member_does_not_prolong_a_vmapped_newton_fit():
     calls.clear()
     res = jax.block_until_ready(jax.vmap(lambda c: fusedlp.fit(loglik, init, c))(cs))
     assert [fusedlp.FitStatus(int(s)).name for s in res.status] == ["STALLED", "CONVERGED"]
-    assert list(res.num_steps) == [1, 15]
+    assert list(res.num_steps) == [0, 15]  # a search that finds no step takes none
     # a batched debug callback runs once per member: evaluations of the batch's objective
     assert len(calls) / len(cs) <= sum(single), (len(calls) / len(cs), single)
 
