@@ -102,8 +102,8 @@ def _log_binomial_interior(k, n, eta, abs_eta, el, *, wide):
     eta = -1e4 where its logarithm does not.
 
     The deviance squares the rounding of k - n p near the mode: n eps^2, 0.014 at n = 1e12
-    in float32. With ``wide`` in a dtype narrower than float64, k - n p, n p and n q are
-    formed in float64 (`_special.in_float64`): for n beyond 2/eps (`_binomial_logit_for`).
+    in float32. With ``wide``, k - n p, n p and n q are formed in float64
+    (`_special.in_float64`): for n beyond 2/eps in a narrower dtype (`_binomial_logit_for`).
     Below, and in float64 (n eps^2 is 0.2 ulp at n = 1e15), the dtype's own rounding stays
     well within the bound.
     """
@@ -114,10 +114,10 @@ def _log_binomial_interior(k, n, eta, abs_eta, el, *, wide):
     log_q = -(_half_sum(eta, abs_eta) + el)
     log_n = jnp.log(n)
     m = n - k
-    if not wide or jnp.finfo(n.dtype).bits >= 64:
-        d, n_p, n_q = None, n * jnp.exp(log_p), n * jnp.exp(log_q)
-    else:
+    if wide:
         d, n_p, n_q = _special.in_float64(_count_less_mean, k, n, eta)
+    else:
+        d, n_p, n_q = None, n * jnp.exp(log_p), n * jnp.exp(log_q)
     return (_special.stirlerr_int(n) - _special.stirlerr_int(k) - _special.stirlerr_int(m)
             - _special.bd0(k, n_p, diff=d, log_m=log_n + log_p)
             - _special.bd0(m, n_q, diff=None if d is None else -d, log_m=log_n + log_q)
