@@ -339,5 +339,7 @@ def binomial_logit_lpmf(
       -2.0
     """
     del validate_args  # checked by constraints.declare
-    kernel_ = _binomial_logit_for(n, _checks.float_dtype(*map(jnp.asarray, (k, n, logit))))
+    arrays = [_checks.as_real_array("binomial_logit_lpmf", name, a)  # errors name the argument
+              for name, a in (("k", k), ("n", n), ("logit", logit))]
+    kernel_ = _binomial_logit_for(n, _checks.float_dtype(*arrays))
     return kernel_(k, n, logit, normalized=bool(normalized))

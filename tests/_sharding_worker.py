@@ -439,7 +439,7 @@ class _FitLoop:
         optimizer = fitting._resolve_optimizer(None, params)  # Newton, for 3 parameters
         tol = fitting._default_newton_tol(np.float64)
         return fitting._fit_loop.lower(self.objective, optimizer, True, 1000,
-                                       0, params, tuple(data), tol, tol)
+                                       0, False, params, tuple(data), tol, tol)
 
 
 def check_fit_validation_on_devices(mesh):
