@@ -165,13 +165,20 @@ def _binomial_logit_data(k, n, *, normalized=True):
     ``normalized``)."""
     if not normalized:
         return _counts_verdict(k, n)
-    # up to 2/eps trials, as `_binomial_logit_for`: beyond, the exact pass, wide
-    verdict = _counts_verdict(k, n, 2.0 / jnp.finfo(jnp.result_type(n)).eps - n)
+    # beyond `_trials_max`, the exact pass (wide: `_binomial_logit_for`)
+    verdict = _counts_verdict(k, n, _trials_max(jnp.result_type(n)) - n)
     inner, ks, ms, ns = _interior(k, n)
     part = (_special.stirlerr_int_fast(ns) - _special.stirlerr_int_fast(ks)
             - _special.stirlerr_int_fast(ms)
             - _special.HALF_LOG_2PI - 0.5 * (jnp.log(ks) + jnp.log1p(-ks / ns)))
     return inner * part + verdict
+
+
+def _trials_max(dtype) -> float:
+    """2/eps (2**24 in float32, 2**53 in float64): every count up to it is representable,
+    and up to it the dtype's own rounding of k - n p, which the deviance squares, stays
+    within the accuracy bound (`_log_binomial_interior`)."""
+    return 2.0 / float(jnp.finfo(dtype).eps)
 
 
 def _counts_verdict(k, n, *more):
@@ -232,12 +239,11 @@ _binomial_logit_wide = kernel(_binomial_logit_element_wide, **_BINOMIAL_LOGIT_OP
 def _binomial_logit_for(n, dtype):
     """The binomial kernel for trials ``n`` in ``dtype``: `_binomial_logit_wide` (k - n p in
     float64 in the exact pass) in a dtype narrower than float64 unless every n is known now
-    to be at most 2/eps (2**24 in float32: every count below it is representable), beyond
-    which the deviance's squared rounding leaves the bound. Its float64 part is a cost of
-    the exact pass alone (up to fusedlp._xla.SMALL elements, the whole call; timings in
-    docs/kernels.md): the fast pass takes n up to 2/eps either way."""
+    to be at most `_trials_max`. Its float64 part is a cost of the exact pass alone (up to
+    fusedlp._xla.SMALL elements, the whole call; timings in docs/kernels.md): the fast pass
+    takes n up to `_trials_max` either way."""
     if jnp.finfo(dtype).bits >= 64 or (
-            _checks.is_concrete(n) and np.all(np.asarray(n) <= 2.0 / jnp.finfo(dtype).eps)):
+            _checks.is_concrete(n) and np.all(np.asarray(n) <= _trials_max(dtype))):
         return _binomial_logit
     return _binomial_logit_wide
 
