@@ -55,6 +55,10 @@ class FitStatus(enum.IntEnum):
     MAX_STEPS = 1  #: ``max_steps`` steps taken without meeting the test
     DIVERGED = 2  #: a step gave a non-finite objective, gradient, Hessian or parameters
     STALLED = 3  #: no step can make progress (the parameters would not change)
+    #: Newton: the decrement met ``tol`` only as the curvature vanished, its steps no longer
+    #: shrinking: the parameters run off to infinity (perfect separation, a dispersion
+    #: tending to 0 on a log scale) or the optimum's Hessian is singular
+    SINGULAR = 4
 
     # By name, as ``repr`` does (an IntEnum would print its number).
     def __str__(self) -> str:
@@ -382,6 +386,25 @@ def _armijo(value, trial, alpha, decrement2):
     return jnp.isfinite(trial) & (lower | (decrement2 <= slack) & (trial <= value + slack))
 
 
+def _singular(step, at, H, decrement2):
+    """Whether Newton's steps have stopped shrinking: the squared decrement at the new
+    point ``at`` is over a quarter of the last ``step``'s own, ``step^T H step`` (H the new
+    Hessian), and that step was not negligible against ``at``.
+
+    Near a regular optimum Newton converges quadratically and the ratio falls towards 0.
+    Along a runaway towards a finite limit of the objective, f - limit ~ A exp(-c t) in the
+    distance t, every step has the length 1/c and the ratio is 1: the decrement falls below
+    any ``tol`` as the objective flattens while the parameters grow without bound (so at a
+    finite optimum whose Hessian is singular, f ~ t^4: ratio 0.44). Both measures are
+    invariant to linear reparameterisation, as the decrement is; a step within rounding of
+    the parameters (the decrement's own noise floor) is not judged.
+    """
+    eps = float(jnp.finfo(at.dtype).eps)
+    own = step @ (H @ step)
+    visible = jnp.max(jnp.abs(step)) > math.sqrt(eps) * jnp.max(jnp.abs(at))
+    return visible & (own > 0) & (decrement2 > 0.25 * own)
+
+
 def _backtrack(loss: Callable, flat, value, direction, decrement2, alpha, trials):
     """The first of the steps ``alpha``, ``alpha``/2, ... (at most ``trials`` of them) along
     ``direction`` that `_armijo` accepts against ``value``; returns ``(new_flat, trial,
@@ -404,14 +427,16 @@ def _backtrack(loss: Callable, flat, value, direction, decrement2, alpha, trials
     return jnp.where(found, flat + a * direction, flat), trial, found
 
 
-def _verdict(max_steps, params, loss, gnorm, step, moved, done, ok):
-    """The status after judging an iterate: ``done`` (the convergence test) and ``ok`` (the
-    method's own finiteness) given; loss, gradient norm and params must be finite too."""
+def _verdict(max_steps, params, loss, gnorm, step, moved, done, ok, singular=False):
+    """The status after judging an iterate: ``done`` (the convergence test), ``ok`` (the
+    method's own finiteness) and ``singular`` (``done`` holds only as the curvature
+    vanishes, `_singular`) given; loss, gradient norm and params must be finite too."""
     # gnorm is finite iff every gradient entry is (or the norm overflows: also divergence)
     ok = ok & jnp.isfinite(loss) & jnp.isfinite(gnorm) & _tree_all_finite(params)
     status = jnp.where(step >= max_steps, FitStatus.MAX_STEPS, _RUNNING)
     status = jnp.where(moved, status, FitStatus.STALLED)
-    status = jnp.where(done, FitStatus.CONVERGED, status)
+    status = jnp.where(done, jnp.where(singular, FitStatus.SINGULAR, FitStatus.CONVERGED),
+                       status)
     return jnp.where(ok, status, FitStatus.DIVERGED).astype(jnp.int32)
 
 
@@ -460,8 +485,12 @@ def _newton_loop(cfg: _Settings, params, rtol, lockstep: bool) -> _LoopState:
         newton = _modified_newton(g, H)
         gnorm = optax.tree.norm(unravel(g))
         step = s.step + (moved & ~recentre).astype(jnp.int32)
+        # the last step: from the iterate to go back to (before the search, for a
+        # recentring pass; at the start its loss is NaN and nothing is judged)
+        singular = _singular(at - ravel_pytree(previous[0])[0], at, H, newton.decrement2)
         status = _verdict(cfg.max_steps, unravel(at), value, gnorm, step, moved | recentre,
-                          newton.decrement2 <= rtol**2, _tree_all_finite(newton))
+                          newton.decrement2 <= rtol**2, _tree_all_finite(newton),
+                          moved & singular)
         return _LoopState(params=unravel(at), loss=value, grad_norm=gnorm, step=step,
                           history=s.history.at[step].set(cfg.sign * value), status=status,
                           previous=previous, inner=(newton, jnp.asarray(False)), hessian=H)
@@ -708,8 +737,14 @@ def fit(
     length of the Newton step in standard-error units, so ``params`` lie within about
     ``tol`` standard errors of the maximum; it does not change when a parameter is
     rescaled, and it does not involve the objective's level, so an objective that runs
-    away never meets it. With a gradient method (L-BFGS, optax): with ``f`` the objective
-    and ``f_0`` its value at ``init_params``,
+    away never meets it. Parameters that run away while the objective tends to a finite
+    limit do meet it, as the curvature vanishes with the gradient: there Newton's steps
+    stop shrinking (each as long as the last, where a regular optimum's shrink
+    quadratically), and the fit ends ``SINGULAR``, not converged: when the decrement meets
+    ``tol`` and the squared decrement is over a quarter of the last step's own
+    (:math:`s^\top H s`), that step not within rounding of ``params``. A finite optimum
+    whose Hessian is singular ends so too. With a gradient method (L-BFGS, optax): with
+    ``f`` the objective and ``f_0`` its value at ``init_params``,
 
     .. math::  \lVert g \rVert_2 \le b, \quad |f - f_\text{prev}| \le b, \quad
                f \text{ no worse than } f_0, \qquad
@@ -732,8 +767,10 @@ def fit(
     ``value`` and ``grad_norm`` are those of the last finite iterate. A fit that can make
     no progress ends ``STALLED``: Newton's line search found no improving step in 30
     halvings, or an optax step left the parameters bit-for-bit unchanged (typically
-    ``tol`` is below what the precision allows, or the optimum is at infinity). Only
-    ``CONVERGED`` sets ``converged``.
+    ``tol`` is below what the precision allows, or the optimum is at infinity). A gradient
+    method has no curvature to tell a runaway towards a finite limit (perfect separation)
+    from an optimum: there only Newton's ``SINGULAR`` does. Only ``CONVERGED`` sets
+    ``converged``.
 
     **Validation.** Concrete (non-traced) ``data`` and ``init_params`` are checked before
     anything is compiled: an empty data array, or a NaN or infinity in a floating leaf,

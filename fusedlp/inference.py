@@ -4,6 +4,7 @@ confidence intervals, log-likelihood, AIC and BIC (:func:`summary`)."""
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -16,6 +17,7 @@ from jax.scipy.special import erfc, ndtri
 from fusedlp import _checks
 from fusedlp.fitting import (
     FitResult,
+    FitStatus,
     _as_float_params,
     _covariance,
     _inverse_information,
@@ -145,6 +147,20 @@ class FitSummary(NamedTuple):
         return "\n".join(lines)
 
 
+def _warn_if_singular(result) -> None:
+    """A RuntimeWarning where a concrete fit ended ``SINGULAR``: its params are a point on
+    a runaway (or at a singular optimum), where normal-theory inference does not apply."""
+    if not (isinstance(result, FitResult) and _checks.is_concrete(result.status)):
+        return
+    singular = int(np.sum(np.asarray(result.status) == FitStatus.SINGULAR))
+    if singular:
+        which = "the fit" if np.ndim(result.status) == 0 else f"{singular} of the fits"
+        warnings.warn(f"summary: {which} ended SINGULAR: the parameters run off to infinity "
+                      "(perfect separation, say) or the optimum's Hessian is singular; the "
+                      "standard errors, z, p-values and intervals do not apply there",
+                      RuntimeWarning, stacklevel=3)
+
+
 def summary(
     objective: Callable[..., jax.Array],
     result: FitResult | PyTree,
@@ -179,7 +195,9 @@ def summary(
     Returns:
       A :class:`FitSummary`. Where the log-likelihood is not finite at ``params``, or its
       negated Hessian is not positive definite, the standard errors and everything built
-      on them are NaN, with a ``RuntimeWarning`` when concrete.
+      on them are NaN, with a ``RuntimeWarning`` when concrete. A concrete fit that ended
+      ``SINGULAR`` gets a ``RuntimeWarning`` too (its numbers are printed, as statsmodels
+      prints them beside its perfect-separation warning).
 
     Example:
       >>> import jax.numpy as jnp, numpy as np, fusedlp
@@ -202,6 +220,7 @@ def summary(
         loglik, cov, finite, pos_def = _covariance(objective, bool(maximize), params,
                                                    tuple(data))
     _warn_if_unusable("summary", finite, pos_def)
+    _warn_if_singular(result)
     flat, unravel = ravel_pytree(params)
     se = jnp.sqrt(jnp.diagonal(cov)).astype(flat.dtype)
     z = flat / se

@@ -489,6 +489,54 @@ def test_the_issues_sgd_runaway_is_not_converged():
     assert abs(float(res.params["mu"])) > 1e6  # it did run away
 
 
+def runaway_to_a_limit(params, x):
+    """-exp(-theta): the supremum 0 is approached as theta runs off to infinity."""
+    return -jnp.exp(-params["theta"]) + 0.0 * jnp.sum(x)
+
+
+def quartic(params, x):
+    """-theta^4: a maximum at 0 with zero curvature (a singular Hessian)."""
+    return -params["theta"] ** 4 + 0.0 * jnp.sum(x)
+
+
+@pytest.mark.parametrize("objective", [runaway_to_a_limit, quartic])
+def test_newton_whose_decrement_falls_only_as_the_curvature_vanishes_ends_singular(objective):
+    # Newton's decrement reaches tol on both (the objective flattens), but its steps stop
+    # shrinking quadratically: a step of length 1 every time towards infinity, and 1/3 of
+    # the distance to 0 on the quartic (fitting._singular)
+    res = fusedlp.fit(objective, {"theta": 1.0}, jnp.array([1.0]))
+    assert int(res.status) == FitStatus.SINGULAR and not bool(res.converged), repr(res)
+    assert int(res.num_steps) > 10  # it ran on until the decrement met tol
+
+
+def test_perfectly_separated_logit_is_singular_single_and_vmapped_and_summary_warns():
+    # The log-likelihood tends to 0 as the slope runs off to infinity: no finite MLE
+    # (statsmodels' Logit ends these data not converged, with a ConvergenceWarning). The
+    # overlapping member must still converge, to statsmodels' estimate.
+    sm = pytest.importorskip("statsmodels.api")
+    x = np.linspace(-2.0, 2.0, 40)
+    X = np.column_stack([np.ones_like(x), x])
+    separated = (x > 0.1).astype(np.float64)
+    overlapping = separated.copy()
+    overlapping[[5, 30]] = 1.0 - overlapping[[5, 30]]
+
+    def loglik(params, X, y):
+        return fusedlp.bernoulli_logit_lpmf(y, X @ params["beta"])
+
+    init = {"beta": jnp.zeros(2)}
+    single = fusedlp.fit(loglik, init, X, separated)
+    assert int(single.status) == FitStatus.SINGULAR, repr(single)
+    assert float(single.params["beta"][1]) > 50.0  # it did run away
+    with pytest.warns(RuntimeWarning, match="SINGULAR"):
+        fusedlp.summary(loglik, single, X, separated, nobs=40)
+    ys = jnp.stack([jnp.asarray(separated), jnp.asarray(overlapping)])
+    batched = jax.jit(jax.vmap(lambda y: fusedlp.fit(loglik, init, X, y)))(ys)
+    assert [int(v) for v in batched.status] == [FitStatus.SINGULAR, FitStatus.CONVERGED]
+    assert int(batched.num_steps[0]) == int(single.num_steps)
+    ref = sm.Logit(overlapping, X).fit(disp=0, tol=1e-12)
+    np.testing.assert_allclose(batched.params["beta"][1], ref.params, rtol=1e-6)
+
+
 def star98():
     """statsmodels' star98: a binomial GLM with 20 covariates on very different scales."""
     sm = pytest.importorskip("statsmodels.api")
