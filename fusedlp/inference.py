@@ -208,6 +208,12 @@ def summary(
       >>> round(float(s.se["loc"]), 4), round(float(s.aic), 3)
       (0.7906, 19.017)
     """
+    if isinstance(result, FitResult) and np.ndim(result.status):
+        raise ValueError(
+            f"summary: result holds a batch of {np.shape(result.status)} fits (from vmap); "
+            "call summary under the same vmap, jax.vmap(lambda r, *d: fusedlp.summary("
+            "objective, r, *d))(result, *data), or select one fit first, "
+            "jax.tree.map(lambda a: a[i], result)")
     params = result.params if isinstance(result, FitResult) else result
     params = _as_float_params(params)
     if _checks.is_concrete(alpha) and not 0.0 < float(alpha) < 1.0:

@@ -230,6 +230,12 @@ def test_summary_under_jit_and_vmap_equals_single_summaries(rng):
             np.testing.assert_allclose(got[i], want, rtol=1e-10)
     with pytest.raises(ValueError, match="select one first"):
         str(batched)
+    # a batch of fits passed to summary outside vmap: said so, not a shape error in cho_solve
+    fits = jax.vmap(lambda y: fusedlp.fit(normal_model, init, y))(ys)
+    with pytest.raises(ValueError, match=r"a batch of \(4,\) fits \(from vmap\)"):
+        fusedlp.summary(normal_model, fits, ys, nobs=40)
+    picked = fusedlp.summary(normal_model, jax.tree.map(lambda a: a[2], fits), ys[2], nobs=40)
+    np.testing.assert_allclose(picked.se["mu"], batched.se["mu"][2], rtol=1e-10)
 
 
 def test_summary_at_a_non_finite_objective_is_nan_with_a_warning():
