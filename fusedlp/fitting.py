@@ -671,23 +671,35 @@ def _resolve_optimizer(optimizer, params: PyTree):
     return optimizer
 
 
-def _check_finite_start(result: FitResult) -> None:
+def _check_finite_start(result: FitResult, objective, init_params, data) -> None:
     """Raise if a concrete fit ended at step 0 on a non-finite objective or gradient (a
-    fit whose first step diverged and was undone also ends at step 0, with finite ones)."""
+    fit whose first step diverged and was undone also ends at step 0, with finite ones).
+    The objective is then called once more, outside the compiled loop, with the kernels'
+    validation on: where a kernel's argument is the cause, its own message (the argument
+    and the first offending index) is quoted."""
     if not (_checks.is_concrete(result) and int(result.status) == FitStatus.DIVERGED
             and int(result.num_steps) == 0):
         return
     value, gnorm = float(result.value), float(result.grad_norm)
     if math.isfinite(value) and math.isfinite(gnorm):
         return
+    cause = None
+    try:
+        with _checks.validation(True):
+            objective(init_params, *data)
+    except ValueError as e:  # a kernel's validation; anything else is not the answer here
+        cause = e
     what = "the objective" if not math.isfinite(value) else "the objective's gradient"
+    head = f"fit: {what} is not finite at init_params (value {value}, gradient norm {gnorm})."
+    if cause is not None:
+        raise ValueError(f"{head} Called once with fusedlp.validation() on, a kernel says: "
+                         f"{cause}") from cause
     raise ValueError(
-        f"fit: {what} is not finite at init_params (value {value}, gradient norm {gnorm}). "
-        "The usual cause is data outside a kernel's support: non-integer or negative counts "
-        "for poisson_lpmf, negative_binomial_lpmf or binomial_logit_lpmf, y outside {0, 1} "
-        "for bernoulli_logit_lpmf, x <= 0 for gamma_lpdf; or init_params outside the "
-        "parameters' domain (a scale or rate <= 0). Under jit or vmap this fit returns "
-        "status DIVERGED at step 0 instead."
+        f"{head} The usual cause is data outside a kernel's support: non-integer or negative "
+        "counts for poisson_lpmf, poisson_log_lpmf, negative_binomial_lpmf or "
+        "binomial_logit_lpmf, y outside {0, 1} for bernoulli_logit_lpmf, x <= 0 for "
+        "gamma_lpdf; or init_params outside the parameters' domain (a scale or rate <= 0). "
+        "Under jit or vmap this fit returns status DIVERGED at step 0 instead."
     )
 
 
@@ -897,7 +909,7 @@ def fit(
         every = max(1, max_steps // 100) if progress is True else int(progress)
     result = _fit_loop(objective, optimizer, bool(maximize), int(max_steps), every,
                        _under_vmap(params, data), params, tuple(data), tol, atol)
-    _check_finite_start(result)
+    _check_finite_start(result, objective, params, data)
     return result
 
 
