@@ -279,7 +279,8 @@ class _ProgressBar:
         self.bar.n = max(self.bar.n, step)
         self.bar.set_postfix(value=f"{float(value):.8g}", grad_norm=f"{float(grad_norm):.3g}",
                              refresh=True)
-        if bool(done):
+        if bool(done):  # the steps taken are the whole run: a fit that converged is 100%
+            self.bar.total = self.bar.n
             self.bar.close()
             self.bar = None
 

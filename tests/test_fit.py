@@ -437,6 +437,8 @@ def test_progress_bar_from_inside_the_loop(rng, capsys):
     jax.effects_barrier()
     err = capsys.readouterr().err
     assert f"{int(res.num_steps)}/1000" in err and "grad_norm" in err
+    n = int(res.num_steps)
+    assert "100%" in err and f"{n}/{n}" in err  # closed at the steps taken: the whole run
     chex.assert_trees_all_equal(res, fusedlp.fit(normal_loglik, init, y))
     # the compiled loop runs again: a fresh bar from step 0
     fusedlp.fit(normal_loglik, init, y, progress=1)
