@@ -395,8 +395,9 @@ def _singular(step, at, H, decrement2):
     Near a regular optimum Newton converges quadratically and the ratio falls towards 0.
     Along a runaway towards a finite limit of the objective, f - limit ~ A exp(-c t) in the
     distance t, every step has the length 1/c and the ratio is 1: the decrement falls below
-    any ``tol`` as the objective flattens while the parameters grow without bound (so at a
-    finite optimum whose Hessian is singular, f ~ t^4: ratio 0.44). Both measures are
+    any ``tol`` as the objective flattens while the parameters grow without bound. (At a
+    finite optimum whose Hessian is singular, f ~ t^4, each step covers a third of the
+    distance left and the ratio is 0.44.) Both measures are
     invariant to linear reparameterisation, as the decrement is; a step within rounding of
     the parameters (the decrement's own noise floor) is not judged.
     """
@@ -688,8 +689,10 @@ def _check_finite_start(result: FitResult, objective, init_params, data) -> None
     try:
         with _checks.validation(True):
             objective(init_params, *data)
-    except ValueError as e:  # a kernel's validation; anything else is not the answer here
+    except ValueError as e:  # a kernel's validation
         cause = e
+    except Exception:  # not the answer here: the usual causes are listed below
+        pass
     what = "the objective" if not math.isfinite(value) else "the objective's gradient"
     head = f"fit: {what} is not finite at init_params (value {value}, gradient norm {gnorm})."
     if cause is not None:

@@ -152,10 +152,8 @@ def _warn_if_singular(result) -> None:
     a runaway (or at a singular optimum), where normal-theory inference does not apply."""
     if not (isinstance(result, FitResult) and _checks.is_concrete(result.status)):
         return
-    singular = int(np.sum(np.asarray(result.status) == FitStatus.SINGULAR))
-    if singular:
-        which = "the fit" if np.ndim(result.status) == 0 else f"{singular} of the fits"
-        warnings.warn(f"summary: {which} ended SINGULAR: the parameters run off to infinity "
+    if int(result.status) == FitStatus.SINGULAR:
+        warnings.warn("summary: the fit ended SINGULAR: the parameters run off to infinity "
                       "(perfect separation, say) or the optimum's Hessian is singular; the "
                       "standard errors, z, p-values and intervals do not apply there",
                       RuntimeWarning, stacklevel=3)
@@ -196,8 +194,9 @@ def summary(
       A :class:`FitSummary`. Where the log-likelihood is not finite at ``params``, or its
       negated Hessian is not positive definite, the standard errors and everything built
       on them are NaN, with a ``RuntimeWarning`` when concrete. A concrete fit that ended
-      ``SINGULAR`` gets a ``RuntimeWarning`` too (its numbers are printed, as statsmodels
-      prints them beside its perfect-separation warning).
+      ``SINGULAR`` gets a ``RuntimeWarning`` too, and its numbers are still returned (as
+      statsmodels' ``Logit`` returns its own on perfectly separated data, with a
+      ``ConvergenceWarning``).
 
     Example:
       >>> import jax.numpy as jnp, numpy as np, fusedlp
