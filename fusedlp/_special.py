@@ -59,7 +59,9 @@ _STIRLING_S = (
 SERIES_FROM = 7.0
 
 
-def _wide(dtype) -> bool:
+def is_wide(dtype) -> bool:
+    """Whether ``dtype`` is a float of at least 64 bits: the precision the kernels' series
+    lengths, tables and float32-only guards are chosen against."""
     return jnp.finfo(dtype).bits >= 64
 
 
@@ -71,7 +73,7 @@ def in_float64(fn, *args):
     ``jax.enable_x64(True)``, scoped to it, so it holds whether or not the caller enables
     64-bit types. Float64 arguments: ``fn(*args)`` itself."""
     dtype = jnp.result_type(*args)
-    if _wide(dtype):
+    if is_wide(dtype):
         return fn(*args)
     with jax.enable_x64(True):
         out = fn(*(jnp.asarray(a, jnp.float64) for a in args))
@@ -87,7 +89,7 @@ def _horner(coefficients, w):
 
 def _series_terms(n, above):
     """The terms of `stirling_series` for n > ``above``, as many as the dtype needs there."""
-    wide = _wide(n.dtype)
+    wide = is_wide(n.dtype)
     if above >= STIRLERR_TABLE_SIZE:
         return _STIRLING_S[:8] if wide else _STIRLING_S[:3]
     return _STIRLING_S if wide else _STIRLING_S[:5]
@@ -200,7 +202,7 @@ def _chebyshev(coeffs, n, power):
     n^power f(n), with as many terms as the dtype needs (16 in float32)."""
     y = 1.0 / n
     t = (14.0 * y - 15.0) / 13.0
-    coeffs = coeffs if _wide(n.dtype) else coeffs[:16]
+    coeffs = coeffs if is_wide(n.dtype) else coeffs[:16]
     b1, b2 = jnp.zeros_like(t), jnp.zeros_like(t)
     for c in coeffs[:0:-1]:
         b1, b2 = 2.0 * t * b1 - b2 + c, b1
@@ -339,7 +341,7 @@ def bd0(x, m, diff=None, log_m=None):
     near = jnp.abs(v) < _BD0_SERIES_BELOW
     vn = jnp.where(near, v, 0.0)
     w = vn * vn
-    terms = 8 if _wide(x.dtype) else 4
+    terms = 8 if is_wide(x.dtype) else 4
     coeffs = tuple(1.0 / (2 * j + 1) for j in range(1, terms + 1))
     series = d * vn + 2.0 * x * vn * w * _horner(coeffs, w)
     # far from m: x log(x/m) - (x - m); x/m may overflow (x = 1e12, m = 1e-300), then
@@ -370,7 +372,7 @@ def bd0_fast(x, m, diff=None, log_ratio=None):
     d = x - m if diff is None else diff
     v = ratio(d, x + m)
     w = v * v
-    terms = 8 if _wide(x.dtype) else 4
+    terms = 8 if is_wide(x.dtype) else 4
     coeffs = tuple(1.0 / (2 * j + 1) for j in range(1, terms + 1))
     series = d * v + 2.0 * x * v * w * _horner(coeffs, w)
     far = _xla.step(jnp.abs(v) - _BD0_SERIES_BELOW)
@@ -388,7 +390,7 @@ def log1pmx_series(x):
     """
     v = x / (2.0 + x)
     w = v * v
-    terms = 10 if _wide(x.dtype) else 5
+    terms = 10 if is_wide(x.dtype) else 5
     coeffs = tuple(1.0 / (2 * j + 3) for j in range(terms))
     return -w * (2.0 + x) + 2.0 * v * w * _horner(coeffs, w)
 

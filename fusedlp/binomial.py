@@ -242,7 +242,7 @@ def _binomial_logit_for(n, dtype):
     to be at most `_trials_max`. Its float64 part is a cost of the exact pass alone (up to
     fusedlp._xla.SMALL elements, the whole call; timings in docs/kernels.md): the fast pass
     takes n up to `_trials_max` either way."""
-    if jnp.finfo(dtype).bits >= 64 or (
+    if _special.is_wide(dtype) or (
             _checks.is_concrete(n) and np.all(np.asarray(n) <= _trials_max(dtype))):
         return _binomial_logit
     return _binomial_logit_wide

@@ -56,7 +56,7 @@ def _log1p_sq(z, df):
     float64 z^2 overflows only from |z| ~ 1e154, as scipy's does, and the plain form keeps
     the select-free sum that fuse runs fastest.
     """
-    if jnp.finfo(z.dtype).bits >= 64:
+    if _special.is_wide(z.dtype):
         return jnp.log1p(z * z / df)
     a = jnp.abs(z) / jnp.sqrt(df)
     big = a > 1.0
