@@ -99,7 +99,8 @@ def _z_sum_squares(x, loc, s, shape):
     if _xla.below(math.prod(shape), _xla.SMALL_NORMAL):
         return sum_sq(True)
     z2 = sum_sq(False)
-    return jax.lax.cond(jnp.isfinite(z2), lambda _: z2, lambda _: sum_sq(True), None)
+    return jax.lax.cond(_xla.batch_all(jnp.isfinite(z2)), lambda _: z2, lambda _: sum_sq(True),
+                        None)
 
 
 def _scalar_scale_value(normalized, x, loc, s, shape):
@@ -172,7 +173,7 @@ def _in_support_sums(shape, z2, x, loc, s):
     fast = lambda _: (z2, z1, jnp.asarray(n, z2.dtype))  # noqa: E731
     if _xla.below(n, _xla.SMALL_NORMAL):
         return sums(jnp.broadcast_to(x, shape), loc)
-    return jax.lax.cond(jnp.isfinite(z2), fast, exact, None)
+    return jax.lax.cond(_xla.batch_all(jnp.isfinite(z2)), fast, exact, None)
 
 
 # Second order (fusedlp.hessian differentiates the forward rule). Over the in-support

@@ -120,6 +120,21 @@ def test_normal_value_and_gradient_writes_only_the_gradient(rng):
 
 
 @on_cpu
+def test_vmapped_normal_writes_only_the_gradient(rng):
+    """The same as a vmapped batch of 10 problems: the lax.cond behind the value's
+    select-free sum is on the whole batch's verdict (fusedlp._xla.batch_all), so it stays a
+    cond. On each member's verdict it became a select of both branches: the batch wrote a
+    second N-sized array and summed z^2 twice."""
+    n = 100_000
+    fn = jax.vmap(jax.value_and_grad(lambda loc, x: fusedlp.normal_lpdf(x, loc, 1.3)))
+    args = (np.zeros((10, n // 10)), rng.normal(size=(10, n // 10)))
+    hlo = _optimised_hlo(fn, *args)
+    writes = re.findall(r"=\s*\(?[^=]*f64\[10,10000\][^=]*\s(?:fusion|custom-call)\(", hlo)
+    assert len(writes) == 1  # the gradient
+    assert _temporaries(fn, *args, n=n) < 0.5
+
+
+@on_cpu
 def test_the_count_sees_a_shared_array(rng):
     """The count above can fail: an array shared by a reduction and an output is written."""
     n = 100_003
