@@ -1,8 +1,10 @@
 """Known bugs of jax and XLA that change fusedlp's numbers, pinned down as tests.
 
-Each is a strict ``xfail`` on the versions that have it and a plain test elsewhere: a jax
-that fixes the bug turns the xfail into a failure here (remove the mark), and one that brings
-it back fails the plain test. docs/jax-and-numpyro.md ("Known issues") says what a user can do.
+Each is an ``xfail`` on the versions that have it and a plain test elsewhere, so that a jax
+that brings the bug back fails the plain test. Not a strict xfail: whether XLA:CPU takes the
+faulty path may depend on the processor (YNNPACK picks its kernels by instruction set), and
+an unexpected pass on another machine must not fail CI; ``-rX`` (in the default ``-ra``)
+lists it. docs/jax-and-numpyro.md ("Known issues") says what a user can do.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import fusedlp
 _YNN_REDUCE_MISCOMPILE = jaxlib.__version__ == "0.10.2" and jax.default_backend() == "cpu"
 
 
-@pytest.mark.xfail(_YNN_REDUCE_MISCOMPILE, strict=True,
+@pytest.mark.xfail(_YNN_REDUCE_MISCOMPILE, strict=False,
                    reason="jax#39103: jaxlib 0.10.2 CPU miscompiles this vmapped reduction")
 def test_vmapped_normal_of_a_three_column_design_sums_right(rng):
     """normal_lpdf(y, X @ b) vmapped over 40,000 coefficient vectors b of a design X with 3
