@@ -1,7 +1,8 @@
 """Whole jobs side by side: fusedlp against statsmodels, glum and NumPyro's own likelihoods.
 
 Each workload is a job a user runs from start to finish (fit, then the inference that
-follows), timed as a whole against what the user would otherwise run, in one process:
+follows), timed as a whole against what the user would otherwise run, in one process (but
+for the "run again" column, which times fresh ones):
 
 * **many GLMs** — B Poisson regressions of 500 observations x 4 coefficients, with their
   inference tables: ``jit(vmap(fit + summary))`` against a Python loop over statsmodels' GLM
@@ -21,7 +22,8 @@ follows), timed as a whole against what the user would otherwise run, in one pro
 fusedlp columns: **warm** is the median of repeated calls of the compiled job, **compile**
 the one-off ``jit(...).lower().compile()`` time, **cold** their sum (what a one-off fit
 pays), **run again** the job in a fresh process reading its program from JAX's persistent
-compilation cache, which an earlier process filled (`rerun_times`; not in ``--quick``).
+compilation cache, which an earlier process filled (`rerun_times`: imports excluded, one
+sample each; not in ``--quick``).
 Ratios are baseline time / fusedlp time: above 1, fusedlp is faster. Estimates are compared
 with a statsmodels fit to a tight tolerance (untimed). Calls are timed round-robin
 as in every bench module (bench/_timing.py); JAX's asynchronous CPU dispatch is off.
@@ -114,9 +116,12 @@ def _rerun(name: str, cfg: dict, log) -> dict | None:
 
 
 def _job(name: str, cfg: dict):
-    return {"many": many_glms_job, "big": big_glm_job,
-            "spector": lambda cfg: statsmodels_model_job("spector"),
-            "randhie": lambda cfg: statsmodels_model_job("randhie")}[name](cfg)
+    """The job (fn, args) named ``name``: "many", "big", or a statsmodels data set."""
+    if name == "many":
+        return many_glms_job(cfg)
+    if name == "big":
+        return big_glm_job(cfg)
+    return statsmodels_model_job(name)
 
 
 def fresh_process_times(name: str, cfg: dict, cache_dir: str) -> dict:
@@ -146,11 +151,15 @@ def rerun_times(name: str, cfg: dict) -> dict:
     run), the second reads it (the same script run again: it still traces and lowers)."""
     code = ("import json, sys; from bench import workloads; print(json.dumps("
             "workloads.fresh_process_times(sys.argv[1], json.loads(sys.argv[2]), sys.argv[3])))")
+    runs = []
     with tempfile.TemporaryDirectory() as cache_dir:
-        runs = [json.loads(subprocess.run(
-            [sys.executable, "-c", code, name, json.dumps(cfg), cache_dir], cwd=_ROOT,
-            capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
-            for _ in range(2)]
+        for _ in range(2):
+            out = subprocess.run([sys.executable, "-c", code, name, json.dumps(cfg), cache_dir],
+                                 cwd=_ROOT, capture_output=True, text=True, timeout=900)
+            if out.returncode != 0:
+                raise RuntimeError(f"the {name!r} job in a fresh process failed "
+                                   f"(exit {out.returncode}):\n{out.stderr[-3000:]}")
+            runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
     return {"first": runs[0], "cached": runs[1]}
 
 
@@ -181,8 +190,8 @@ def many_glms(cfg: dict, log) -> dict:
     import statsmodels.api as sm
     from glum import GeneralizedLinearRegressor
 
-    B, n, p = cfg["many_B"], 500, 4
     job_fn, (X, ks) = many_glms_job(cfg)
+    B, n, p = X.shape
     job, lower_s, compile_s = _timing.aot_compile(job_fn, X, ks)
     res, s = job(X, ks)
     n_glum = cfg["glum_subset"]
@@ -254,9 +263,9 @@ def big_glm(cfg: dict, log) -> dict:
 
     import fusedlp
 
-    n, p = cfg["big_n"], 20
     job_fn, (X, k) = big_glm_job(cfg)
-    init = {"beta": jnp.zeros(p)}
+    n, p = X.shape
+    init = {"beta": jnp.zeros(p)}  # for the L-BFGS fit below
     job, lower_s, compile_s = _timing.aot_compile(job_fn, X, k)
     res, s = job(X, k)
 
@@ -330,8 +339,9 @@ def statsmodels_models(cfg: dict, log) -> list[dict]:
     import fusedlp
 
     rows = []
-    Xs, ys = _statsmodels_data("spector")
-    Xr, kr = _statsmodels_data("randhie")
+    jobs = {name: statsmodels_model_job(name) for name in ("spector", "randhie")}
+    Xs, ys = jobs["spector"][1]
+    Xr, kr = jobs["randhie"][1]
     cases = [
         ("logit, spector (32 x 4)", "spector",
          lambda: sm.Logit(ys, Xs).fit(disp=0),
@@ -341,7 +351,7 @@ def statsmodels_models(cfg: dict, log) -> list[dict]:
          None, lambda d: np.r_[d[1:], d[0]]),  # fusedlp orders alpha first
     ]
     for name, dataset, sm_fit, sm_tight, order in cases:
-        job_fn, data = statsmodels_model_job(dataset)
+        job_fn, data = jobs[dataset]
         job, lower_s, compile_s = _timing.aot_compile(job_fn, *data)
         res, s = job(*data)
 
