@@ -115,6 +115,13 @@ def _rerun(name: str, cfg: dict, log) -> dict | None:
     return out
 
 
+def _configure_jax() -> None:
+    """float64, and synchronous CPU dispatch (a call returns when its work is done): the
+    settings of every run, in this process or a fresh one (`fresh_process_times`)."""
+    jax.config.update("jax_enable_x64", True)
+    jax.config.update("jax_cpu_enable_async_dispatch", False)
+
+
 def _job(name: str, cfg: dict):
     """The job (fn, args) named ``name``: "many", "big", or a statsmodels data set."""
     if name == "many":
@@ -128,8 +135,7 @@ def fresh_process_times(name: str, cfg: dict, cache_dir: str) -> dict:
     """In this (fresh) process: the job's tracing and lowering, compiling (or reading the
     compiled program from JAX's persistent cache in ``cache_dir``) and first call, each
     timed once, as a script that fits once pays them."""
-    jax.config.update("jax_enable_x64", True)
-    jax.config.update("jax_cpu_enable_async_dispatch", False)
+    _configure_jax()
     jax.config.update("jax_compilation_cache_dir", cache_dir)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
@@ -585,8 +591,7 @@ def add_arguments(p) -> None:
 def run(quick: bool, skip_nuts: bool = False, log=None) -> dict:
     """Every workload; returns the rows, targets and machine record (the notebook's entry)."""
     log = log or functools.partial(print, file=sys.stderr, flush=True)
-    jax.config.update("jax_enable_x64", True)
-    jax.config.update("jax_cpu_enable_async_dispatch", False)
+    _configure_jax()
     cfg = {"quick": quick, "repeats": 1 if quick else 9, "max_total": 1.0 if quick else 30.0,
            "many_B": 100 if quick else 2000, "glum_subset": 10 if quick else 100,
            "big_n": 20_000 if quick else 200_000, "nuts_n": 2_000 if quick else 100_000,
