@@ -88,3 +88,18 @@ def empty_dispatch_cache():
     each call is dispatched from Python; nothing is retraced), and the count means nothing.
     """
     jax.clear_caches()
+
+
+# Modules whose tests take minutes each on two cores (a subprocess with four devices, the
+# two-process fit, notebooks, benchmark runs): collected first, so that pytest-xdist hands
+# them out while the other workers still have the short tests to run, instead of leaving
+# one worker alone with them at the end of the session.
+_LONG_FIRST = ("test_sharding.py", "test_notebooks.py", "test_bench_cli.py")
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item):
+        name = item.path.name
+        return _LONG_FIRST.index(name) if name in _LONG_FIRST else len(_LONG_FIRST)
+
+    items.sort(key=rank)  # stable: the order within each group is unchanged
