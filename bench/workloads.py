@@ -467,43 +467,60 @@ def nuts(cfg: dict, log) -> list[dict]:
         else:
             numpyro.sample("y", dist.BernoulliLogits(eta), obs=y)
 
-    rows = []
     # the Poisson factor as a new user writes it, and with normalized=False, as README and
-    # docs/jax-and-numpyro.md advise for a sampler (the dropped log k! holds no parameter)
-    for family, normalized in (("poisson", True), ("poisson", False), ("logistic", True)):
+    # docs/jax-and-numpyro.md advise for a sampler (the dropped log k! holds no parameter).
+    # NumPyro's own Poisson model is one sampler, the baseline of both Poisson rows.
+    variants = {("poisson", "numpyro"): (False, True), ("poisson", "fusedlp"): (True, True),
+                ("poisson", "fusedlp, normalized=False"): (True, False),
+                ("logistic", "numpyro"): (False, True), ("logistic", "fusedlp"): (True, True)}
+    samplers, res = {}, {}
+    for (family, who), (fused, normalized) in variants.items():
+        mcmc = MCMC(NUTS(functools.partial(model, family=family, fused=fused,
+                                           normalized=normalized)),
+                    num_warmup=cfg["nuts_warmup"], num_samples=cfg["nuts_samples"],
+                    progress_bar=False)
         y = data[family]
-        res = {}
-        for fused in (False, True):
-            mcmc = MCMC(NUTS(functools.partial(model, family=family, fused=fused,
-                                               normalized=normalized)),
-                        num_warmup=cfg["nuts_warmup"], num_samples=cfg["nuts_samples"],
-                        progress_bar=False)
-            t0 = time.perf_counter()
-            mcmc.warmup(jax.random.key(0), X, y)
-            warmup_s = time.perf_counter() - t0
-            runs = []
-            for _ in range(2):  # the first run compiles the sampling phase
-                mcmc.post_warmup_state = mcmc.last_state
-                t0 = time.perf_counter()
-                mcmc.run(mcmc.post_warmup_state.rng_key, X, y, extra_fields=("num_steps",))
-                jax.block_until_ready(mcmc.get_samples())
-                runs.append(time.perf_counter() - t0)
-            steps = int(np.sum(mcmc.get_extra_fields()["num_steps"]))
-            draws = np.asarray(mcmc.get_samples()["beta"])
-            res["fusedlp" if fused else "numpyro"] = {
-                "warmup_s_incl_compile": warmup_s, "sampling_s": runs[-1],
-                "leapfrog_steps": steps, "s_per_leapfrog": runs[-1] / steps,
-                "posterior_mean": draws.mean(0).tolist(), "posterior_sd": draws.std(0).tolist()}
-        a, b = res["numpyro"], res["fusedlp"]
+        t0 = time.perf_counter()
+        mcmc.warmup(jax.random.key(0), X, y)
+        warmup_s = time.perf_counter() - t0
+        warm = mcmc.last_state
+
+        def sample(mcmc=mcmc, warm=warm, y=y):
+            # every run starts from the warmed-up state: the same draws and steps each time
+            mcmc.post_warmup_state = warm
+            mcmc.run(warm.rng_key, X, y, extra_fields=("num_steps",))
+            jax.block_until_ready(mcmc.get_samples())
+
+        samplers[f"{family}: {who}"] = sample
+        res[family, who] = {"warmup_s_incl_compile": warmup_s, "mcmc": mcmc}
+    # the sampling runs, after one each that compiles the sampling phase: every sampler once
+    # per round, in a fresh random order, so that a slow phase of the host falls on all of
+    # them alike (bench/_timing.py); the median run per sampler
+    stats = _timing.time_interleaved(samplers, min_repeats=cfg["nuts_rounds"], min_total=0.0,
+                                     max_total=0.0, collect=1.0)
+    for (family, who), r in res.items():
+        mcmc = r.pop("mcmc")
+        steps = int(np.sum(mcmc.get_extra_fields()["num_steps"]))
+        draws = np.asarray(mcmc.get_samples()["beta"])
+        st = stats[f"{family}: {who}"]
+        r.update(sampling_s=st.median, sampling_timing=st.as_dict(), leapfrog_steps=steps,
+                 s_per_leapfrog=st.median / steps, posterior_mean=draws.mean(0).tolist(),
+                 posterior_sd=draws.std(0).tolist())
+
+    rows = []
+    for family, who in (("poisson", "fusedlp"), ("poisson", "fusedlp, normalized=False"),
+                        ("logistic", "fusedlp")):
+        a, b = res[family, "numpyro"], res[family, who]
         z = np.abs(np.subtract(a["posterior_mean"], b["posterior_mean"])) / np.asarray(
             a["posterior_sd"])
-        name = f"NUTS {family} regression" + ("" if normalized else ", normalized=False")
+        name = f"NUTS {family} regression" + ("" if who == "fusedlp" else ", normalized=False")
         log(f"  {name}: numpyro {a['s_per_leapfrog'] * 1e6:.0f} us/leapfrog, fusedlp "
             f"{b['s_per_leapfrog'] * 1e6:.0f} us/leapfrog")
         rows.append(_row(
             f"{name}, N = {n:,}: per leapfrog step", b["s_per_leapfrog"], 0.0,
             {"NumPyro's own likelihood": a["s_per_leapfrog"]},
-            {"max_posterior_mean_diff_in_sd": float(z.max())}, {"nuts": res}))
+            {"max_posterior_mean_diff_in_sd": float(z.max())},
+            {"nuts": {"numpyro": a, "fusedlp": b}, "rounds": cfg["nuts_rounds"]}))
     return rows
 
 
@@ -598,7 +615,8 @@ def run(quick: bool, skip_nuts: bool = False, log=None) -> dict:
     cfg = {"quick": quick, "repeats": 1 if quick else 9, "max_total": 1.0 if quick else 30.0,
            "many_B": 100 if quick else 2000, "glum_subset": 10 if quick else 100,
            "big_n": 20_000 if quick else 200_000, "nuts_n": 2_000 if quick else 100_000,
-           "nuts_warmup": 50 if quick else 300, "nuts_samples": 50 if quick else 300}
+           "nuts_warmup": 50 if quick else 300, "nuts_samples": 50 if quick else 300,
+           "nuts_rounds": 1 if quick else 5}
     machine = _timing.machine_info()
     t0 = time.perf_counter()
     rows = [many_glms(cfg, log), big_glm(cfg, log), *statsmodels_models(cfg, log),
