@@ -10,11 +10,13 @@ import jax
 def hessian(f: Callable, argnums: int | Sequence[int] = 0, *, has_aux: bool = False) -> Callable:
     """Hessian of a scalar function, reverse-over-reverse.
 
-    ``jax.hessian`` is ``jacfwd(jacrev(f))``: forward mode over reverse mode. A
-    ``jax.custom_vjp`` function has no forward-mode rule, so ``jax.hessian`` and
-    ``jax.jacfwd`` fail on every fusedlp kernel. This is ``jacrev(jacrev(f))`` instead: the
-    outer reverse pass differentiates the hand-written backward rules, which are ordinary
-    JAX code. Same signature and output structure as ``jax.hessian``.
+    ``jax.hessian`` is ``jacfwd(jacrev(f))``: forward mode over the reverse pass, which
+    works on fusedlp kernels (their backward rules are ordinary JAX code), while
+    ``jax.jacfwd`` and ``jax.jvp`` of a kernel itself fail (a ``jax.custom_vjp`` function
+    has no forward-mode rule). This is ``jacrev(jacrev(f))``: the outer reverse pass
+    differentiates the hand-written backward rules too, and keeps the whole Hessian in
+    reverse mode (the fitting module's choice, docs/performance.md). Same signature and
+    output structure as ``jax.hessian``.
 
     Example:
       >>> import jax.numpy as jnp, fusedlp

@@ -909,7 +909,8 @@ def fit(
         try:
             import tqdm  # noqa: F401
         except ImportError:
-            raise ImportError("fit: progress=True needs tqdm (pip install 'fusedlp[progress]')")
+            raise ImportError("fit: progress=True needs tqdm (pip install tqdm; from a fusedlp "
+                              "clone, pip install '.[progress]')")
         every = max(1, max_steps // 100) if progress is True else int(progress)
     result = _fit_loop(objective, optimizer, bool(maximize), int(max_steps), every,
                        _under_vmap(params, data), params, tuple(data), tol, atol)

@@ -63,7 +63,8 @@ def pandas(what: str):
     try:
         import pandas as pd
     except ImportError:
-        raise ImportError(f"{what} needs pandas (pip install 'fusedlp[frames]')") from None
+        raise ImportError(f"{what} needs pandas (pip install pandas; from a fusedlp "
+                          "clone, pip install '.[frames]')") from None
     return pd
 
 
