@@ -18,7 +18,8 @@ for the "run again" column, which times fresh ones):
 * **NUTS** — NumPyro NUTS on a Poisson and a logistic regression with N = 1e5: the model's
   likelihood as NumPyro's own distribution against a fusedlp kernel in ``numpyro.factor``
   (the Poisson's both as written by default and with ``normalized=False``, as README
-  advises for a sampler); time per leapfrog step after warm-up, and the posterior means.
+  advises for a sampler); time per leapfrog step after warm-up (the samplers' runs in
+  turn, five rounds, the median run), and the posterior means.
 
 fusedlp columns: **warm** is the median of repeated calls of the compiled job, **compile**
 the one-off ``jit(...).lower().compile()`` time, **cold** their sum (what a one-off fit
