@@ -474,7 +474,7 @@ def nuts(cfg: dict, log) -> list[dict]:
     variants = {("poisson", "numpyro"): (False, True), ("poisson", "fusedlp"): (True, True),
                 ("poisson", "fusedlp, normalized=False"): (True, False),
                 ("logistic", "numpyro"): (False, True), ("logistic", "fusedlp"): (True, True)}
-    samplers, res = {}, {}
+    samplers, mcmcs, res = {}, {}, {}
     for (family, who), (fused, normalized) in variants.items():
         mcmc = MCMC(NUTS(functools.partial(model, family=family, fused=fused,
                                            normalized=normalized)),
@@ -492,29 +492,30 @@ def nuts(cfg: dict, log) -> list[dict]:
             mcmc.run(warm.rng_key, X, y, extra_fields=("num_steps",))
             jax.block_until_ready(mcmc.get_samples())
 
-        samplers[f"{family}: {who}"] = sample
-        res[family, who] = {"warmup_s_incl_compile": warmup_s, "mcmc": mcmc}
+        samplers[f"{family}: {who}"], mcmcs[family, who] = sample, mcmc
+        res[family, who] = {"warmup_s_incl_compile": warmup_s}
     # the sampling runs, after one each that compiles the sampling phase: every sampler once
     # per round, in a fresh random order, so that a slow phase of the host falls on all of
     # them alike (bench/_timing.py); the median run per sampler
     stats = _timing.time_interleaved(samplers, min_repeats=cfg["nuts_rounds"], min_total=0.0,
                                      max_total=0.0, collect=1.0)
-    for (family, who), r in res.items():
-        mcmc = r.pop("mcmc")
+    for (family, who), mcmc in mcmcs.items():
         steps = int(np.sum(mcmc.get_extra_fields()["num_steps"]))
         draws = np.asarray(mcmc.get_samples()["beta"])
         st = stats[f"{family}: {who}"]
-        r.update(sampling_s=st.median, sampling_timing=st.as_dict(), leapfrog_steps=steps,
-                 s_per_leapfrog=st.median / steps, posterior_mean=draws.mean(0).tolist(),
-                 posterior_sd=draws.std(0).tolist())
+        res[family, who].update(
+            sampling_s=st.median, sampling_timing=st.as_dict(), leapfrog_steps=steps,
+            s_per_leapfrog=st.median / steps, posterior_mean=draws.mean(0).tolist(),
+            posterior_sd=draws.std(0).tolist())
 
     rows = []
-    for family, who in (("poisson", "fusedlp"), ("poisson", "fusedlp, normalized=False"),
-                        ("logistic", "fusedlp")):
+    for (family, who), (fused, normalized) in variants.items():
+        if not fused:
+            continue
         a, b = res[family, "numpyro"], res[family, who]
         z = np.abs(np.subtract(a["posterior_mean"], b["posterior_mean"])) / np.asarray(
             a["posterior_sd"])
-        name = f"NUTS {family} regression" + ("" if who == "fusedlp" else ", normalized=False")
+        name = f"NUTS {family} regression" + ("" if normalized else ", normalized=False")
         log(f"  {name}: numpyro {a['s_per_leapfrog'] * 1e6:.0f} us/leapfrog, fusedlp "
             f"{b['s_per_leapfrog'] * 1e6:.0f} us/leapfrog")
         rows.append(_row(
