@@ -32,9 +32,23 @@ __all__ = (
     "fmt_us",
     "machine_info",
     "program_text",
+    "results_path",
     "targets_md",
     "time_interleaved",
 )
+
+
+def results_path(name: str) -> str:
+    """Default path of a benchmark's results file ``name``: ``bench/results/`` in a clone of
+    fusedlp (the repository's committed results live there), else ``fusedlp-bench-results/``
+    under the current directory, never inside an installed package (site-packages)."""
+    package = os.path.dirname(os.path.abspath(__file__))
+    if os.path.exists(os.path.join(os.path.dirname(package), "pyproject.toml")):
+        folder = os.path.join(package, "results")
+    else:
+        folder = os.path.join(os.getcwd(), "fusedlp-bench-results")
+    return os.path.join(folder, name)
+
 
 # Ratios within 10 % of 1 are called a tie: timings move about that much on this machine,
 # and the A/A pairs that bench kernels and bench fuse time (one program, two variants)

@@ -24,16 +24,16 @@ worst point of every entry.
 from __future__ import annotations
 
 import importlib.util
-import os
 import pathlib
 import sys
 import time
 
 import numpy as np
 
+from bench._timing import results_path
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-DEFAULT_JSON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                            "accuracy.json")
+DEFAULT_JSON = results_path("accuracy.json")
 LIBRARIES = ("fusedlp", "jax.scipy", "scipy")
 
 
@@ -146,7 +146,8 @@ def markdown(rows, key, title) -> str:
 
 def add_arguments(p) -> None:
     p.add_argument("--json", default=DEFAULT_JSON, metavar="PATH",
-                   help="where to write the JSON results (default: bench/results/accuracy.json)")
+                   help="where to write the JSON results (default: bench/results/accuracy.json "
+                        "in a clone, else fusedlp-bench-results/accuracy.json here)")
     p.add_argument("--kernels", default=None,
                    help="comma-separated subset of the kernels (default: all)")
 

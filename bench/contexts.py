@@ -29,7 +29,6 @@ Run ``python -m bench contexts --help``.
 
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 import time
@@ -41,8 +40,7 @@ import numpy as np
 
 from bench import _timing
 
-DEFAULT_JSON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                            "contexts.json")
+DEFAULT_JSON = _timing.results_path("contexts.json")
 CONTEXTS = ("args_i32", "args_i64", "closed", "vmap10", "while5", "scalar", "grad")
 HEADINGS = {"args_i32": "args i32", "args_i64": "args i64", "closed": "closed",
             "vmap10": "vmap x10", "while5": "while x5", "scalar": "scalar",
@@ -372,7 +370,8 @@ def add_arguments(p) -> None:
     p.add_argument("--kernels", default=None,
                    help="comma-separated subset of kernel names (default: all)")
     p.add_argument("--json", default=DEFAULT_JSON, metavar="PATH",
-                   help="where to write the JSON results (default: bench/results/contexts.json)")
+                   help="where to write the JSON results (default: bench/results/contexts.json "
+                        "in a clone, else fusedlp-bench-results/contexts.json here)")
     _timing.add_layout_argument(p)
 
 

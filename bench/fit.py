@@ -35,7 +35,6 @@ Run ``python -m bench fit --help``.
 from __future__ import annotations
 
 import math
-import os
 import sys
 import time
 from functools import partial
@@ -47,7 +46,7 @@ from bench import _timing
 from bench._timing import fmt_ratio, fmt_us
 
 HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
-DEFAULT_JSON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "fit.json")
+DEFAULT_JSON = _timing.results_path("fit.json")
 LEARNING_RATE = 1e-4  # small, and loc starts 10 sd away: no fit converges or stalls in K steps
 INIT = {"loc": 10.0, "log_scale": 0.0}
 
@@ -303,7 +302,8 @@ def add_arguments(p) -> None:
     p.add_argument("--quick", action="store_true",
                    help="a quarter of the steps and few repeats (well under a minute)")
     p.add_argument("--json", default=DEFAULT_JSON, metavar="PATH",
-                   help="where to write the JSON results (default: bench/results/fit.json)")
+                   help="where to write the JSON results (default: bench/results/fit.json "
+                        "in a clone, else fusedlp-bench-results/fit.json here)")
     p.add_argument("--sizes", default="100,1e6",
                    help="comma-separated N (default 100,1e6: the two with targets)")
     p.add_argument("--async-dispatch", action="store_true",

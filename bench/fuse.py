@@ -29,7 +29,6 @@ Run ``python -m bench fuse --help``.
 from __future__ import annotations
 
 import math
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -42,7 +41,7 @@ import numpy as np
 from bench import _timing
 from bench._timing import NOISE, fmt_ratio, fmt_us
 
-DEFAULT_JSON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "fuse.json")
+DEFAULT_JSON = _timing.results_path("fuse.json")
 
 
 class CorrectnessError(RuntimeError):
@@ -374,7 +373,8 @@ def add_arguments(p) -> None:
     p.add_argument("--quick", action="store_true",
                    help="N = 10^3, 10^4 and few repeats (well under a minute)")
     p.add_argument("--json", default=DEFAULT_JSON, metavar="PATH",
-                   help="where to write the JSON results (default: bench/results/fuse.json)")
+                   help="where to write the JSON results (default: bench/results/fuse.json "
+                        "in a clone, else fusedlp-bench-results/fuse.json here)")
     p.add_argument("--kernels", default=None,
                    help="comma-separated subset of the case keys (default: all)")
     p.add_argument("--max-n", type=float, default=1e6, help="largest N (default 1e6)")

@@ -26,7 +26,6 @@ Run ``python -m bench hessian --help``.
 
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 import time
@@ -38,8 +37,7 @@ import numpy as np
 from bench import _timing
 from bench._timing import fmt_ratio, fmt_sig, fmt_us
 
-DEFAULT_JSON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                            "hessian.json")
+DEFAULT_JSON = _timing.results_path("hessian.json")
 WORKLOADS = ("scalar", "glm")
 P_GLM = 5
 # the vector parameter through exp (a rate or mean must be positive); identity otherwise
@@ -140,7 +138,8 @@ def add_arguments(p) -> None:
     p.add_argument("--kernels", default=None,
                    help="comma-separated subset of kernel names (default: all)")
     p.add_argument("--json", default=DEFAULT_JSON, metavar="PATH",
-                   help="where to write the JSON results (default: bench/results/hessian.json)")
+                   help="where to write the JSON results (default: bench/results/hessian.json "
+                        "in a clone, else fusedlp-bench-results/hessian.json here)")
 
 
 def main(args) -> int:

@@ -25,7 +25,6 @@ Run ``python -m bench kernels --help``.
 from __future__ import annotations
 
 import math
-import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -47,7 +46,7 @@ EAM_COEFFS = (0.0, 1.0, 1.0, 0.25)
 
 KINDS = ("value", "grad", "vg")
 FAMILIES = ("normal", "poisson", "poisson_log", "eam")
-DEFAULT_JSON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "kernels.json")
+DEFAULT_JSON = _timing.results_path("kernels.json")
 
 
 class CorrectnessError(RuntimeError):
@@ -769,7 +768,8 @@ def add_arguments(p) -> None:
     p.add_argument("--quick", action="store_true",
                    help="N = 10 .. 10^4 and few repeats (well under a minute)")
     p.add_argument("--json", default=DEFAULT_JSON, metavar="PATH",
-                   help="where to write the JSON results (default: bench/results/kernels.json)")
+                   help="where to write the JSON results (default: bench/results/kernels.json "
+                        "in a clone, else fusedlp-bench-results/kernels.json here)")
     p.add_argument("--kernels", default=",".join(FAMILIES),
                    help=f"comma-separated subset of {','.join(FAMILIES)} (default: all)")
     p.add_argument("--dtypes", default="float64,float32", help="comma-separated list of float64, float32 (default: float64,float32)")

@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 import os
 
-from bench._timing import fmt_ratio, fmt_us
+from bench._timing import fmt_ratio, fmt_us, results_path
 
-DEFAULT_RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+DEFAULT_RESULTS = os.path.dirname(results_path("summary"))
 SIZES = (10**4, 10**6, 10**7)
 # the order of the sections, and the file each one reads
 SECTIONS = ("studies", "kernels", "contexts", "hessian", "fuse", "fit", "sharding",
@@ -27,9 +27,9 @@ GPU_SECTIONS = ("gpu_throughput", "gpu_contexts", "gpu_hessian", "gpu_workloads"
 
 def add_arguments(p) -> None:
     p.add_argument("--results", default=DEFAULT_RESULTS, metavar="DIR",
-                   help="folder holding the benchmarks' JSON files (default: bench/results, "
-                        "where the benchmarks write them; docs/results holds the committed "
-                        "ones)")
+                   help="folder holding the benchmarks' JSON files (default: bench/results in a "
+                        "clone, else fusedlp-bench-results, where the benchmarks write them; "
+                        "docs/results holds the committed ones)")
     p.add_argument("--section", action="append", choices=SECTIONS + GPU_SECTIONS,
                    metavar="NAME", help="print only this section (repeatable; one of "
                                         f"{', '.join(SECTIONS + GPU_SECTIONS)})")

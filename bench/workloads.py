@@ -49,8 +49,7 @@ import numpy as np
 
 from bench import _timing
 
-DEFAULT_JSON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                            "workloads.json")
+DEFAULT_JSON = _timing.results_path("workloads.json")
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -606,7 +605,8 @@ def add_arguments(p) -> None:
     p.add_argument("--quick", action="store_true",
                    help="small sizes and one timed repeat (a smoke run, well under a minute)")
     p.add_argument("--json", default=DEFAULT_JSON, metavar="PATH",
-                   help="where to write the JSON results (default: bench/results/workloads.json)")
+                   help="where to write the JSON results (default: bench/results/workloads.json "
+                        "in a clone, else fusedlp-bench-results/workloads.json here)")
     p.add_argument("--skip-nuts", action="store_true", help="leave out the NumPyro workloads")
 
 
