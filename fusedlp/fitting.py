@@ -57,7 +57,7 @@ class FitStatus(enum.IntEnum):
     STALLED = 3  #: no step can make progress (the parameters would not change)
     #: Newton: the decrement met ``tol`` only as the curvature vanished, its steps no longer
     #: shrinking: the parameters run off to infinity (perfect separation, a dispersion
-    #: tending to 0 on a log scale) or the optimum's Hessian is singular
+    #: tending to 0 on a log scale), or the Hessian is singular (collinear covariates)
     SINGULAR = 4
 
     # By name, as ``repr`` does (an IntEnum would print its number).
@@ -159,8 +159,15 @@ class FitResult(NamedTuple):
         member = jax.tree.map(lambda a: a[(0,) * len(batch)] if batch else a, d["params"])
         cols = [np.reshape(a, (rows, -1)) for a in jax.tree.leaves(d["params"])]
         values = np.concatenate(cols, axis=1) if cols else np.zeros((rows, 0))
-        frame = pd.DataFrame(values, columns=parameter_names(member))
-        for key in ("value", "grad_norm", "num_steps", "converged", "status"):
+        names = parameter_names(member)
+        own = ("value", "grad_norm", "num_steps", "converged", "status")
+        clash = [n for n in names if n in own]
+        if clash:
+            raise ValueError(f"FitResult.to_frame: parameter column(s) {clash} would clash "
+                             f"with the result's own columns {own}; rename the parameters "
+                             "or use to_dict()")
+        frame = pd.DataFrame(values, columns=names)
+        for key in own:
             frame[key] = np.reshape(d[key], rows)
         if len(batch) > 1:
             frame.index = pd.MultiIndex.from_tuples(list(np.ndindex(*batch)))
@@ -246,7 +253,7 @@ def _check_concrete(name: str, tree: PyTree, *, allow_empty: bool) -> None:
             if bad.any():
                 idx = tuple(int(i) for i in np.argwhere(bad)[0]) if arr.ndim else ()
                 at = f" at index {idx}" if idx else ""
-                raise ValueError(f"fit: {where} must be finite, found {arr[idx]!r}{at}")
+                raise ValueError(f"fit: {where} must be finite, found {arr[idx]}{at}")
 
 
 def _under_vmap(*trees: PyTree) -> bool:
@@ -316,6 +323,7 @@ class _Newton(NamedTuple):
 
     direction: jax.Array  # the modified Newton step, flat (ravel_pytree order)
     decrement2: jax.Array  # the squared Newton decrement g^T |H|^-1 g (>= 0)
+    singular: jax.Array  # H is singular within its rounding (`_rank_floor`)
 
 
 class _LoopState(NamedTuple):
@@ -354,24 +362,39 @@ def _value_grad_hessian(loss: Callable, flat: jax.Array):
     return loss(flat), g, H
 
 
+def _rank_floor(dtype, n: int) -> float:
+    """The smallest eigenvalue, relative to the largest, that a unit-diagonal ``n x n``
+    Hessian resolves: ``n eps``, the tolerance of ``numpy.linalg.matrix_rank``. An exactly
+    collinear design gives about ``eps`` there; an ill-conditioned but regular problem, a
+    raw polynomial in calendar years, 1e-11 (measured in docs/fitting.md)."""
+    return n * float(jnp.finfo(dtype).eps)
+
+
 def _modified_newton(g: jax.Array, H: jax.Array) -> _Newton:
     """The Newton step of a minimisation, kept a descent direction where ``H`` is not
-    positive definite: eigenvalues replaced by their absolute values, floored.
+    positive definite: eigenvalues replaced by their absolute values, and those that are
+    numerically zero raised to a floor.
 
     ``H`` is first scaled to unit diagonal (``D^-1 H D^-1``, ``D = sqrt|diag H|``), so that
-    the floor (``sqrt(eps)`` times the largest eigenvalue) does not depend on the
-    parameters' units. Where the scaled ``H`` is positive definite above the floor this is
-    the exact Newton step; a direction of negative curvature is followed downhill at its
-    own curvature's scale, and a flat one is damped by the floor.
+    the cut (`_rank_floor` times the largest eigenvalue) and the floor (``sqrt(eps)`` times
+    it) do not depend on the parameters' units. Where the scaled ``H`` is positive definite
+    this is the exact Newton step, however ill-conditioned; a direction of negative
+    curvature is followed downhill at its own curvature's scale. A direction below the cut
+    is damped by the floor (its gradient component may be rounding: inverting the cut
+    itself made the steps wander along a collinear design), and ``singular`` records it.
+    Flooring every eigenvalue at ``sqrt(eps)``, as before, damped the weak direction of
+    ill-conditioned regular problems into a crawl.
     """
     eps = float(jnp.finfo(H.dtype).eps)
     d = jnp.sqrt(jnp.abs(jnp.diagonal(H)))
     d = jnp.where(d > 0, d, 1.0)
     w, Q = jnp.linalg.eigh(H / d[:, None] / d[None, :])
     a = jnp.abs(w)
-    a = jnp.maximum(a, jnp.maximum(math.sqrt(eps) * jnp.max(a), jnp.finfo(H.dtype).tiny))
+    kept = a > _rank_floor(H.dtype, H.shape[0]) * jnp.max(a)
+    a = jnp.where(kept, a, jnp.maximum(math.sqrt(eps) * jnp.max(a), jnp.finfo(H.dtype).tiny))
     c = Q.T @ (g / d)
-    return _Newton(direction=-(Q @ (c / a)) / d, decrement2=jnp.sum(c * c / a))
+    return _Newton(direction=-(Q @ (c / a)) / d, decrement2=jnp.sum(c * c / a),
+                   singular=~jnp.all(kept))
 
 
 def _armijo(value, trial, alpha, decrement2):
@@ -491,8 +514,9 @@ def _newton_loop(cfg: _Settings, params, rtol, lockstep: bool) -> _LoopState:
         # recentring pass; at the start its loss is NaN and nothing is judged)
         singular = _singular(at - ravel_pytree(previous[0])[0], at, H, newton.decrement2)
         status = _verdict(cfg.max_steps, unravel(at), value, gnorm, step, moved | recentre,
-                          newton.decrement2 <= rtol**2, _tree_all_finite(newton),
-                          moved & singular)
+                          newton.decrement2 <= rtol**2,
+                          _tree_all_finite((newton.direction, newton.decrement2)),
+                          moved & singular | newton.singular)
         return _LoopState(params=unravel(at), loss=value, grad_norm=gnorm, step=step,
                           history=s.history.at[step].set(cfg.sign * value), status=status,
                           previous=previous, inner=(newton, jnp.asarray(False)), hessian=H)
@@ -524,7 +548,8 @@ def _newton_loop(cfg: _Settings, params, rtol, lockstep: bool) -> _LoopState:
                              recentre)
             # else moved where the search found, its gradient and Hessian next pass; or
             # no improving step (the last pass judged the iterate: not converged)
-            zero = _Newton(direction=jnp.zeros_like(flat), decrement2=jnp.zeros_like(value))
+            zero = _Newton(direction=jnp.zeros_like(flat), decrement2=jnp.zeros_like(value),
+                           singular=jnp.asarray(False))
             loss = jnp.where(found, trial, s.loss)
             step = s.step + found.astype(jnp.int32)
             searched = s._replace(
@@ -537,7 +562,8 @@ def _newton_loop(cfg: _Settings, params, rtol, lockstep: bool) -> _LoopState:
         return out
 
     flat = ravel_pytree(params)[0]
-    start = _Newton(direction=jnp.zeros_like(flat), decrement2=jnp.zeros((), flat.dtype))
+    start = _Newton(direction=jnp.zeros_like(flat), decrement2=jnp.zeros((), flat.dtype),
+                    singular=jnp.asarray(False))
     # value and gradient norm are formed by the first pass; here only their dtypes
     loss = jnp.full((), jnp.nan, jax.eval_shape(cfg.loss_fn, params).dtype)
     gnorm = jnp.full_like(optax.tree.norm(params), jnp.nan)
@@ -618,9 +644,12 @@ def _progress_report(every: int, max_steps: int, sign: float) -> Callable:
 def _fit_loop(objective, optimizer, maximize, max_steps, every, lockstep, params, data, rtol,
               atol):
     sign = -1.0 if maximize else 1.0
+    # the loop computes in the parameters' precision (float32 params with a float64
+    # objective, under x64, would otherwise mix dtypes in the loop's state)
+    dtype = ravel_pytree(params)[0].dtype
 
     def loss_fn(p):  # minimised, as optax does
-        return sign * objective(p, *data)
+        return jnp.asarray(sign * objective(p, *data), dtype)
 
     report = _progress_report(every, max_steps, sign)
     cfg = _Settings(loss_fn=loss_fn, sign=sign, max_steps=max_steps, report=report)
@@ -732,10 +761,11 @@ def fit(
     **Optimizers.** ``"newton"`` (the default up to :data:`NEWTON_MAX_PARAMS` scalar
     parameters): each step takes the Hessian over all parameter leaves flattened together,
     reverse-over-reverse as :func:`fusedlp.hessian` does, scales it to unit diagonal,
-    replaces its eigenvalues by their absolute values floored at ``sqrt(eps)`` times the
-    largest (the exact Newton step where the objective is concave, an ascent direction
-    where it is not: one symmetric eigendecomposition per step, no retries, so every fit
-    in a ``vmap`` batch does the same work), and backtracks from the full step by halving
+    replaces its eigenvalues by their absolute values and raises those at or below
+    ``n eps`` times the largest, numerically zero, to ``sqrt(eps)`` times it (the exact
+    Newton step where the objective is concave, however ill-conditioned, an ascent
+    direction where it is not: one symmetric eigendecomposition per step, no retries, so
+    every fit in a ``vmap`` batch does the same work), and backtracks from the full step by halving
     until the objective is finite and rises by Armijo's condition (at most 30 halvings; a
     step that does not improve the objective is not taken, except where the rise Newton
     predicts is below the objective's rounding and values cannot rank the points). Its
@@ -758,8 +788,9 @@ def fit(
     stop shrinking (each as long as the last, where a regular optimum's shrink
     quadratically), and the fit ends ``SINGULAR``, not converged: when the decrement meets
     ``tol`` and the squared decrement is over a quarter of the last step's own
-    (:math:`s^\top H s`), that step not within rounding of ``params``. A finite optimum
-    whose Hessian is singular ends so too. With a gradient method (L-BFGS, optax): with
+    (:math:`s^\top H s`), that step not within rounding of ``params``. So does a fit whose
+    Hessian at the end is singular (an eigenvalue raised above: collinear covariates,
+    where the optimum is not unique). With a gradient method (L-BFGS, optax): with
     ``f`` the objective and ``f_0`` its value at ``init_params``,
 
     .. math::  \lVert g \rVert_2 \le b, \quad |f - f_\text{prev}| \le b, \quad
@@ -887,12 +918,18 @@ def fit(
       >>> bool(np.allclose(fitted, [0.8, 1.5, 1.0, 0.25], rtol=0.02))
       True
 
-      (In float64 to about 1e-10. In float32 ``c3`` stays about 1% off: this fit's Hessian
-      has a condition number near 1e6, and the floor on its eigenvalues, ``sqrt(eps)`` times
-      the largest, hides the weakest direction from the decrement.)
+      (In float64 to about 1e-10; in float32 to about 1e-3: this fit's Hessian has a
+      condition number near 1e5.)
     """
-    if not isinstance(max_steps, (int, np.integer)) or max_steps < 0:
+    if not isinstance(max_steps, (int, np.integer)) or isinstance(max_steps, bool) \
+            or max_steps < 0:
         raise ValueError(f"fit: max_steps must be a non-negative int, got {max_steps!r}")
+    if not isinstance(progress, (bool, int, np.integer)) or progress < 0:
+        raise ValueError(f"fit: progress must be True/False or a non-negative int (update "
+                         f"every that many steps), got {progress!r}")
+    for name, value in (("tol", tol), ("atol", atol)):
+        if value is not None and _checks.is_concrete(value) and not float(value) >= 0.0:
+            raise ValueError(f"fit: {name} must be >= 0, got {value!r}")
     params = _as_float_params(init_params)
     if validate:
         _check_concrete("init_params", params, allow_empty=True)

@@ -148,15 +148,22 @@ class FitSummary(NamedTuple):
         return "\n".join(lines)
 
 
-def _warn_if_singular(result) -> None:
-    """A RuntimeWarning where a concrete fit ended ``SINGULAR``: its params are a point on
-    a runaway (or at a singular optimum), where normal-theory inference does not apply."""
+def _warn_if_not_converged(result) -> None:
+    """A RuntimeWarning where a concrete fit did not end ``CONVERGED`` (as statsmodels warns
+    with its ``ConvergenceWarning``): its params are not the maximum normal-theory inference
+    is taken at."""
     if not (isinstance(result, FitResult) and _checks.is_concrete(result.status)):
         return
-    if int(result.status) == FitStatus.SINGULAR:
+    status = FitStatus(int(result.status))
+    if status == FitStatus.SINGULAR:
         warnings.warn("summary: the fit ended SINGULAR: the parameters run off to infinity "
-                      "(perfect separation, say) or the optimum's Hessian is singular; the "
-                      "standard errors, z, p-values and intervals do not apply there",
+                      "(perfect separation, say) or the optimum's Hessian is singular "
+                      "(collinear covariates); the standard errors, z, p-values and "
+                      "intervals do not apply there", RuntimeWarning, stacklevel=3)
+    elif status != FitStatus.CONVERGED:
+        warnings.warn(f"summary: the fit ended {status.name}, not CONVERGED: its params are "
+                      "not a maximum found to tol, and the table is taken there (see "
+                      "fusedlp.FitStatus; raise max_steps or check the model)",
                       RuntimeWarning, stacklevel=3)
 
 
@@ -194,10 +201,10 @@ def summary(
     Returns:
       A :class:`FitSummary`. Where the log-likelihood is not finite at ``params``, or its
       negated Hessian is not positive definite, the standard errors and everything built
-      on them are NaN, with a ``RuntimeWarning`` when concrete. A concrete fit that ended
-      ``SINGULAR`` gets a ``RuntimeWarning`` too, and its numbers are still returned (as
-      statsmodels' ``Logit`` returns its own on perfectly separated data, with a
-      ``ConvergenceWarning``).
+      on them are NaN, with a ``RuntimeWarning`` when concrete. A concrete fit that did
+      not end ``CONVERGED`` (``SINGULAR``, ``MAX_STEPS``, ``STALLED``, ``DIVERGED``) gets a
+      ``RuntimeWarning`` too, and its numbers are still returned (as statsmodels returns
+      its own with a ``ConvergenceWarning``).
 
     Example:
       >>> import jax.numpy as jnp, numpy as np, fusedlp
@@ -218,6 +225,9 @@ def summary(
     params = _as_float_params(params)
     if _checks.is_concrete(alpha) and not 0.0 < float(alpha) < 1.0:
         raise ValueError(f"summary: alpha must be in (0, 1), got {alpha!r}")
+    if nobs is not None and _checks.is_concrete(nobs) and not (
+            float(nobs) >= 1.0 and float(nobs) == int(nobs)):
+        raise ValueError(f"summary: nobs must be a positive whole number, got {nobs!r}")
     if isinstance(result, FitResult) and result.hessian is not None:
         sign = 1.0 if maximize else -1.0  # the fit's own value and curvature at its params
         loglik, cov, finite, pos_def = _inverse_information(sign * result.value,
@@ -226,7 +236,7 @@ def summary(
         loglik, cov, finite, pos_def = _covariance(objective, bool(maximize), params,
                                                    tuple(data))
     _warn_if_unusable("summary", finite, pos_def)
-    _warn_if_singular(result)
+    _warn_if_not_converged(result)
     flat, unravel = ravel_pytree(params)
     se = jnp.sqrt(jnp.diagonal(cov)).astype(flat.dtype)
     z = flat / se

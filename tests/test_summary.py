@@ -249,6 +249,26 @@ def test_summary_at_a_non_finite_objective_is_nan_with_a_warning():
     assert all(np.all(np.isnan(leaf)) for leaf in jax.tree.leaves(se))
 
 
+def test_summary_warns_where_the_fit_did_not_converge(rng):
+    y = rng.normal(1.0, 2.0, size=50)
+    init = {"mu": 0.0, "log_sigma": 0.0}
+    short = fusedlp.fit(normal_model, init, y, max_steps=1)
+    assert int(short.status) == fusedlp.FitStatus.MAX_STEPS
+    with pytest.warns(RuntimeWarning, match="MAX_STEPS, not CONVERGED"):
+        fusedlp.summary(normal_model, short, y, nobs=50)
+    done = fusedlp.fit(normal_model, init, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fusedlp.summary(normal_model, done, y, nobs=50)
+
+
+@pytest.mark.parametrize("nobs", [0, -5, 200.5])
+def test_summary_nobs_must_be_a_positive_whole_number(nobs):
+    y = jnp.array([1.0, 2.0, 4.0])
+    with pytest.raises(ValueError, match="nobs must be a positive whole number"):
+        fusedlp.summary(normal_model, {"mu": 2.0, "log_sigma": 0.0}, y, nobs=nobs)
+
+
 # =============================================================================== pointwise
 
 KERNEL_CASES = {
