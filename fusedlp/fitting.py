@@ -366,7 +366,7 @@ def _rank_floor(dtype, n: int) -> float:
     """The smallest eigenvalue, relative to the largest, that a unit-diagonal ``n x n``
     Hessian resolves: ``n eps``, the tolerance of ``numpy.linalg.matrix_rank``. An exactly
     collinear design gives about ``eps`` there; an ill-conditioned but regular problem, a
-    raw polynomial in calendar years, 1e-11 (measured in docs/fitting.md)."""
+    raw polynomial in calendar years, 1e-11 (docs/fitting.md)."""
     return n * float(jnp.finfo(dtype).eps)
 
 
