@@ -43,12 +43,14 @@ def _key_text(key) -> str:
 
 def parameter_names(params: PyTree) -> list[str]:
     """One name per scalar parameter, in ``ravel_pytree`` order: ``beta[3]``, ``log_phi``,
-    ``layer.w[1, 2]`` (a bare array is ``params[i]``)."""
+    ``layer.w[1, 2]`` (a bare array is ``params[i]``, a top-level tuple ``params[0][i]``)."""
     names = []
     for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
         parts = [_key_text(k) for k in path]
         base = "".join(p if p.startswith("[") or i == 0 else "." + p
-                       for i, p in enumerate(parts)) or "params"
+                       for i, p in enumerate(parts))
+        if not base or base.startswith("["):  # a bare array, or a top-level tuple or list
+            base = "params" + base
         shape = np.shape(leaf)
         if not shape:
             names.append(base)
@@ -142,10 +144,15 @@ class FitSummary(NamedTuple):
         lines += [rule, head, "-" * len(head)]
         for i, name in enumerate(d["name"]):
             lines.append(f"{name:<{width}} {d['coef'][i]:>11.4g} {d['std_err'][i]:>11.4g} "
-                         f"{d['z'][i]:>9.3f} {d['p_value'][i]:>8.3f} "
+                         f"{_z_text(d['z'][i])} {d['p_value'][i]:>8.3f} "
                          f"{d['ci_lower'][i]:>11.4g} {d['ci_upper'][i]:>11.4g}")
         lines.append(rule)
         return "\n".join(lines)
+
+
+def _z_text(z: float) -> str:
+    """z in the table's 9 columns: fixed point, or exponent form where that would not fit."""
+    return f"{z:>9.3f}" if not abs(z) >= 1e5 else f"{z:>9.2e}"
 
 
 def _warn_if_not_converged(result) -> None:

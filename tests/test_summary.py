@@ -160,6 +160,20 @@ def test_table_rows_are_named_from_pytree_paths_and_frame_matches():
     assert np.isnan(no_nobs.bic) and "BIC: —" in str(no_nobs)
 
 
+def test_top_level_sequences_are_named_params_and_a_huge_z_keeps_its_column():
+    from fusedlp.inference import parameter_names
+
+    assert parameter_names((jnp.zeros(2), 1.0)) == ["params[0][0]", "params[0][1]",
+                                                    "params[1]"]
+    assert parameter_names(jnp.zeros(2)) == ["params[0]", "params[1]"]
+    y = jnp.array([1.0, 2.0, 4.0, 5.0]) * 1e-9 + 1e3  # loc about 1e10 of its SE
+    res = fusedlp.fit(normal_model, {"mu": 1e3, "log_sigma": jnp.log(1e-9)}, y)
+    lines = str(fusedlp.summary(normal_model, res, y)).splitlines()
+    mu, = (line for line in lines if line.startswith("mu "))
+    log_sigma, = (line for line in lines if line.startswith("log_sigma "))
+    assert "e+" in mu and len(mu) == len(log_sigma) == len(lines[-1])
+
+
 def test_to_frame_without_pandas_says_how_to_get_it(monkeypatch):
     """pandas is optional (the ``frames`` extra): both to_frame methods say so by name."""
     y = jnp.array([1.0, 2.0, 4.0])
