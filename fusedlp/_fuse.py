@@ -897,10 +897,11 @@ def fuse(
     :func:`fusedlp.normal_lpdf`: a scalar in the common floating dtype, cotangents in each
     argument's own shape and dtype (a scalar parameter gets a scalar), trace-time errors
     naming the argument, empty inputs give ``0.0``. It composes with ``jit``, ``vmap``,
-    ``grad`` and :func:`fusedlp.hessian` (reverse over reverse; ``jax.hessian`` and
-    ``jax.jvp`` do not work on any ``custom_vjp`` function), and with data sharded over a
-    mesh, ``Auto`` or ``Explicit`` axes (on ``Explicit`` ones each device runs ``f``'s
-    ``vmap`` on its own block: ``shard_map``).
+    ``grad`` and :func:`fusedlp.hessian` (reverse over reverse; ``jax.hessian``, forward
+    over reverse, works too, and ``jax.jacfwd`` of either gives third derivatives, while
+    ``jax.jvp`` of the kernel itself and a third reverse pass do not), and with data
+    sharded over a mesh, ``Auto`` or ``Explicit`` axes (on ``Explicit`` ones each device
+    runs ``f``'s ``vmap`` on its own block: ``shard_map``).
 
     The ``custom_vjp`` forward rule computes the value and the per-element partials of every
     *differentiated* argument in one pass (forward mode per element, ``vmap``-ed: one
@@ -1082,9 +1083,15 @@ def kernel(
         raise TypeError(f"fuse: expected a callable, got {type(f).__name__}")
     fn_name = name or getattr(f, "__name__", "fused")
     params, sig = _array_params(f)
+    if isinstance(data, str):  # one name, not a sequence of its characters
+        data = (data,)
     data_idx = set()
     for d in data:
-        if isinstance(d, int):
+        if isinstance(d, int) and not isinstance(d, bool):
+            if params is not None and not 0 <= d < len(params):
+                raise ValueError(f"fuse: `data` holds position {d}, but {fn_name} has "
+                                 f"{len(params)} positional parameters (0 .. "
+                                 f"{len(params) - 1})")
             data_idx.add(d)
         elif params is not None and d in params:
             data_idx.add(params.index(d))
@@ -1130,6 +1137,9 @@ def kernel(
             got = getattr(out, "shape", type(out).__name__)
             raise ValueError(f"{fn_name}: the element function must return a scalar for "
                              f"scalar arguments, got {got}")
+        if not jnp.issubdtype(out.dtype, jnp.floating):
+            raise TypeError(f"{fn_name}: the element function must return a floating "
+                            f"scalar (a log-density), got {out.dtype}")
         fast_elem = (functools.partial(fast, **options) if options else fast) if fast else None
         hand = tuple((params.index(a), functools.partial(p, **options) if options else p)
                      for a, p in (fast_partials or {}).items())

@@ -15,8 +15,9 @@ def hessian(f: Callable, argnums: int | Sequence[int] = 0, *, has_aux: bool = Fa
     ``jax.jacfwd`` and ``jax.jvp`` of a kernel itself fail (a ``jax.custom_vjp`` function
     has no forward-mode rule). This is ``jacrev(jacrev(f))``: the outer reverse pass
     differentiates the hand-written backward rules too, and keeps the whole Hessian in
-    reverse mode (the fitting module's choice, docs/performance.md). Same signature and
-    output structure as ``jax.hessian``.
+    reverse mode (the fitting module's choice, docs/performance.md). ``argnums`` and
+    ``has_aux`` and the output structure are ``jax.hessian``'s; there is no
+    ``holomorphic`` (the kernels are real).
 
     Example:
       >>> import jax.numpy as jnp, fusedlp

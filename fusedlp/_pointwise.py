@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 
+from fusedlp import _checks
 from fusedlp.eam import eam_energy
 
 
@@ -21,8 +23,11 @@ def pointwise(kernel: Callable[..., jax.Array], *args, **kwargs) -> jax.Array:
     the kernel takes by position or name: ``x``, ``loc``, ``k``, ``log_rate``...) to their
     common shape and maps the kernel over single elements with ``jax.vmap``, so each term is
     the kernel's own value for that element; keyword-only options (``normalized``,
-    ``validate_args``) are passed through. Works for kernels built with
-    :func:`fusedlp.fuse` too, and under ``jit``, ``vmap`` and ``grad``.
+    ``validate_args``) are passed through. The kernel's checks run first on the whole
+    arguments, with its own messages: shapes and dtypes always, values where validation
+    is on (``validate_args=True`` or :func:`fusedlp.validation`) and they are concrete.
+    Works for kernels built with :func:`fusedlp.fuse` too, and under ``jit``, ``vmap`` and
+    ``grad``.
 
     Args:
       kernel: a summed elementwise fusedlp kernel (``fusedlp.poisson_log_lpmf``...).
@@ -45,18 +50,22 @@ def pointwise(kernel: Callable[..., jax.Array], *args, **kwargs) -> jax.Array:
     if kernel is eam_energy:
         raise TypeError("pointwise: eam_energy's terms are per site, not per element; "
                         "use jax.vmap(eam_energy) over the sites")
+    # the kernel's own checks first, with its own messages naming the argument: shapes and
+    # dtypes at trace time, and values where validation is asked for and they are concrete
+    # (inside the vmap below every input is traced)
+    if kwargs.get("validate_args", _checks.validation_enabled()) and _checks.is_concrete(
+            args, kwargs):
+        kernel(*args, **kwargs)
+    else:
+        jax.eval_shape(functools.partial(kernel, **kwargs), *args)
+    # the arrays are what binds by position (``*params`` of a fused element function
+    # too); keyword-only options, and a ``**options`` catch-all, pass through as given
     bound = inspect.signature(kernel).bind(*args, **kwargs)
-    arrays, options = {}, {}
-    for name, value in bound.arguments.items():
-        kind = bound.signature.parameters[name].kind
-        if kind is inspect.Parameter.KEYWORD_ONLY:
-            options[name] = value
-        else:
-            arrays[name] = jnp.asarray(value)
-    shape = jnp.broadcast_shapes(*(a.shape for a in arrays.values()))
-    flat = {name: jnp.broadcast_to(a, shape).reshape(-1) for name, a in arrays.items()}
+    arrays, options = [jnp.asarray(a) for a in bound.args], bound.kwargs
+    shape = jnp.broadcast_shapes(*(a.shape for a in arrays))
+    flat = [jnp.broadcast_to(a, shape).reshape(-1) for a in arrays]
 
-    def one(elements):
-        return kernel(**elements, **options)
+    def one(*elements):
+        return kernel(*elements, **options)
 
-    return jax.vmap(one)(flat).reshape(shape)
+    return jax.vmap(one)(*flat).reshape(shape)

@@ -227,6 +227,9 @@ def blockwise(fn: Callable, flat, batched, *, fallback: bool = False):
 
     @whole.def_vmap
     def _by_members(axis_size, in_batched, *a):
+        if not any(jax.tree.leaves(in_batched)):  # batched tangents only (forward mode)
+            out = fn(*a)
+            return out, jax.tree.map(lambda _: False, out)
         each = over_members(fn, in_batched)
         per = max(1, BLOCK // n)  # members per block
         size = (per if axis_size // per >= 2

@@ -288,6 +288,31 @@ def test_trace_time_errors_name_the_argument():
         fusedlp.fuse(normal_element, data=("nope",))
     with pytest.raises(TypeError, match="callable"):
         fusedlp.fuse(3)
+    with pytest.raises(TypeError, match="floating scalar"):
+        fusedlp.fuse(lambda x, loc: (x > loc).astype(jnp.int32))(np.zeros(3), 0.1)
+    for position in (-1, 3):  # normal_element has positions 0 .. 2
+        with pytest.raises(ValueError, match=f"`data` holds position {position}"):
+            fusedlp.fuse(normal_element, data=(position,))
+    # one name given as a string is that name, not its characters
+    by_name = fusedlp.fuse(normal_element, data="loc")
+    assert jax.grad(by_name, argnums=1)(np.ones(3), 0.5) == 0.0
+
+
+def test_third_derivatives_forward_over_the_hessian(rng):
+    """jax.jacfwd of fusedlp.hessian (forward over the kernel's second-order rule) gives
+    the third derivatives of the plain formula, for a fused density and a built-in kernel,
+    in one block and in several; a third reverse pass is not supported (docstring)."""
+    p = jnp.array([0.1, 2.0])
+    for n in (3, 3000):
+        x = jnp.asarray(rng.normal(size=n))
+        pairs = [(lambda p: fused_normal(x, p[0], p[1]),
+                  lambda p: jnp.sum(jax.scipy.stats.norm.logpdf(x, p[0], p[1]))),
+                 (lambda p: fusedlp.student_t_lpdf(x, 3.0, p[0], p[1]),
+                  lambda p: jnp.sum(jax.scipy.stats.t.logpdf(x, 3.0, p[0], p[1])))]
+        for kernel_fn, plain in pairs:
+            got = jax.jacfwd(fusedlp.hessian(kernel_fn))(p)
+            want = jax.jacfwd(jax.hessian(plain))(p)
+            np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10 * np.abs(want).max())
 
 
 @pytest.mark.parametrize("n", [12, 20000], ids=["exact-path", "cond-path"])

@@ -328,3 +328,31 @@ def test_pointwise_options_keywords_and_a_fused_kernel(rng):
                                laplace(x, 0.2, 1.5), rtol=1e-12)
     with pytest.raises(TypeError, match="per site"):
         fusedlp.pointwise(fusedlp.eam_energy, np.ones((2, 3)))
+
+
+def test_pointwise_any_fused_signature_and_the_kernels_own_checks(rng):
+    """Fused element functions with positional-only parameters, ``*params`` or
+    ``**options`` map as the kernel itself is called; the kernel's checks run first, with
+    its messages: shapes always, values where validation is on."""
+    x = rng.normal(size=5)
+
+    def star(x, *p):
+        return -((x - p[0]) ** 2) / p[1]
+
+    def options(x, loc, **kw):
+        return -((x - loc) ** 2) * kw.get("s", 1.0)
+
+    cases = [(fusedlp.fuse(lambda x, loc, /: -((x - loc) ** 2)), (x, 0.1), {}),
+             (fusedlp.fuse(star), (x, 0.1, 2.0), {}),
+             (fusedlp.fuse(options), (x, 0.1), {"s": 2.0})]
+    for kernel, args, kw in cases:
+        terms = fusedlp.pointwise(kernel, *args, **kw)
+        assert terms.shape == (5,)
+        np.testing.assert_allclose(jnp.sum(terms), kernel(*args, **kw), rtol=1e-12)
+    with pytest.raises(ValueError, match="`loc` with shape"):
+        fusedlp.pointwise(fusedlp.normal_lpdf, x, jnp.zeros(2))
+    with pytest.raises(ValueError, match="`scale` must be finite and > 0"):
+        fusedlp.pointwise(fusedlp.normal_lpdf, x, 0.0, -1.0, validate_args=True)
+    with fusedlp.validation(), pytest.raises(ValueError, match="non-negative integer"):
+        fusedlp.pointwise(fusedlp.poisson_lpmf, np.array([1.5]), 1.0)
+    assert np.all(np.isnan(fusedlp.pointwise(fusedlp.normal_lpdf, x, 0.0, -1.0)))
