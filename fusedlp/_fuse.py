@@ -912,7 +912,9 @@ def fuse(
     The arguments of ``g`` are ``f``'s positional parameters (given positionally or by name;
     ``f``'s defaults apply); ``f``'s keyword-only parameters are static options passed
     through unchanged (``normalized=False``, a Python flag: not traced, one compilation per
-    value).
+    value). A value that ``f`` closes over is a constant too: anything traced (a parameter
+    to differentiate, a sampled hyperparameter) must be a positional argument, where
+    closing over it or passing it as an option raises JAX's ``UnexpectedTracerError``.
 
     Edges, imposed on the partials whatever ``f``'s own derivative does there: an element
     whose log-density is ``-inf`` (out of support) contributes a **zero** gradient; one whose
