@@ -32,22 +32,28 @@ __all__ = (
     "fmt_us",
     "machine_info",
     "program_text",
-    "results_path",
+    "add_json_argument",
+    "results_dir",
     "targets_md",
     "time_interleaved",
 )
 
 
-def results_path(name: str) -> str:
-    """Default path of a benchmark's results file ``name``: ``bench/results/`` in a clone of
+def results_dir() -> str:
+    """Where the benchmarks write their JSON by default: ``bench/results/`` in a clone of
     fusedlp (the repository's committed results live there), else ``fusedlp-bench-results/``
     under the current directory, never inside an installed package (site-packages)."""
     package = os.path.dirname(os.path.abspath(__file__))
     if os.path.exists(os.path.join(os.path.dirname(package), "pyproject.toml")):
-        folder = os.path.join(package, "results")
-    else:
-        folder = os.path.join(os.getcwd(), "fusedlp-bench-results")
-    return os.path.join(folder, name)
+        return os.path.join(package, "results")
+    return os.path.join(os.getcwd(), "fusedlp-bench-results")
+
+
+def add_json_argument(p, name: str, help: str = "where to write the JSON results") -> None:
+    """A benchmark's ``--json PATH`` option, defaulting to ``name`` in `results_dir`."""
+    p.add_argument("--json", default=os.path.join(results_dir(), name), metavar="PATH",
+                   help=f"{help} (default: bench/results/{name} in a clone, else "
+                        f"fusedlp-bench-results/{name} here)")
 
 
 # Ratios within 10 % of 1 are called a tie: timings move about that much on this machine,

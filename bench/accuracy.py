@@ -30,10 +30,9 @@ import time
 
 import numpy as np
 
-from bench._timing import results_path
+from bench._timing import add_json_argument
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-DEFAULT_JSON = results_path("accuracy.json")
 LIBRARIES = ("fusedlp", "jax.scipy", "scipy")
 
 
@@ -145,9 +144,7 @@ def markdown(rows, key, title) -> str:
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--json", default=DEFAULT_JSON, metavar="PATH",
-                   help="where to write the JSON results (default: bench/results/accuracy.json "
-                        "in a clone, else fusedlp-bench-results/accuracy.json here)")
+    add_json_argument(p, "accuracy.json")
     p.add_argument("--kernels", default=None,
                    help="comma-separated subset of the kernels (default: all)")
 

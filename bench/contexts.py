@@ -40,7 +40,6 @@ import numpy as np
 
 from bench import _timing
 
-DEFAULT_JSON = _timing.results_path("contexts.json")
 CONTEXTS = ("args_i32", "args_i64", "closed", "vmap10", "while5", "scalar", "grad")
 HEADINGS = {"args_i32": "args i32", "args_i64": "args i64", "closed": "closed",
             "vmap10": "vmap x10", "while5": "while x5", "scalar": "scalar",
@@ -369,9 +368,7 @@ def add_arguments(p) -> None:
     p.add_argument("--sizes", default="1e5,1e6", help="comma-separated N (default 1e5,1e6)")
     p.add_argument("--kernels", default=None,
                    help="comma-separated subset of kernel names (default: all)")
-    p.add_argument("--json", default=DEFAULT_JSON, metavar="PATH",
-                   help="where to write the JSON results (default: bench/results/contexts.json "
-                        "in a clone, else fusedlp-bench-results/contexts.json here)")
+    _timing.add_json_argument(p, "contexts.json")
     _timing.add_layout_argument(p)
 
 

@@ -46,7 +46,6 @@ from bench import _timing
 from bench._timing import fmt_ratio, fmt_us
 
 HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
-DEFAULT_JSON = _timing.results_path("fit.json")
 LEARNING_RATE = 1e-4  # small, and loc starts 10 sd away: no fit converges or stalls in K steps
 INIT = {"loc": 10.0, "log_scale": 0.0}
 
@@ -301,9 +300,7 @@ def tables(results: list[dict]) -> str:
 def add_arguments(p) -> None:
     p.add_argument("--quick", action="store_true",
                    help="a quarter of the steps and few repeats (well under a minute)")
-    p.add_argument("--json", default=DEFAULT_JSON, metavar="PATH",
-                   help="where to write the JSON results (default: bench/results/fit.json "
-                        "in a clone, else fusedlp-bench-results/fit.json here)")
+    _timing.add_json_argument(p, "fit.json")
     p.add_argument("--sizes", default="100,1e6",
                    help="comma-separated N (default 100,1e6: the two with targets)")
     p.add_argument("--async-dispatch", action="store_true",

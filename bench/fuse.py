@@ -41,7 +41,6 @@ import numpy as np
 from bench import _timing
 from bench._timing import NOISE, fmt_ratio, fmt_us
 
-DEFAULT_JSON = _timing.results_path("fuse.json")
 
 
 class CorrectnessError(RuntimeError):
@@ -372,9 +371,7 @@ def evaluate_targets(results: list[dict]) -> list[dict]:
 def add_arguments(p) -> None:
     p.add_argument("--quick", action="store_true",
                    help="N = 10^3, 10^4 and few repeats (well under a minute)")
-    p.add_argument("--json", default=DEFAULT_JSON, metavar="PATH",
-                   help="where to write the JSON results (default: bench/results/fuse.json "
-                        "in a clone, else fusedlp-bench-results/fuse.json here)")
+    _timing.add_json_argument(p, "fuse.json")
     p.add_argument("--kernels", default=None,
                    help="comma-separated subset of the case keys (default: all)")
     p.add_argument("--max-n", type=float, default=1e6, help="largest N (default 1e6)")

@@ -37,7 +37,6 @@ import numpy as np
 from bench import _timing
 from bench._timing import fmt_ratio, fmt_sig, fmt_us
 
-DEFAULT_JSON = _timing.results_path("hessian.json")
 WORKLOADS = ("scalar", "glm")
 P_GLM = 5
 # the vector parameter through exp (a rate or mean must be positive); identity otherwise
@@ -137,9 +136,7 @@ def add_arguments(p) -> None:
     p.add_argument("--sizes", default="1e4,1e6", help="comma-separated N (default 1e4,1e6)")
     p.add_argument("--kernels", default=None,
                    help="comma-separated subset of kernel names (default: all)")
-    p.add_argument("--json", default=DEFAULT_JSON, metavar="PATH",
-                   help="where to write the JSON results (default: bench/results/hessian.json "
-                        "in a clone, else fusedlp-bench-results/hessian.json here)")
+    _timing.add_json_argument(p, "hessian.json")
 
 
 def main(args) -> int:

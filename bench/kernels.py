@@ -46,7 +46,6 @@ EAM_COEFFS = (0.0, 1.0, 1.0, 0.25)
 
 KINDS = ("value", "grad", "vg")
 FAMILIES = ("normal", "poisson", "poisson_log", "eam")
-DEFAULT_JSON = _timing.results_path("kernels.json")
 
 
 class CorrectnessError(RuntimeError):
@@ -767,9 +766,7 @@ def parse_sizes(max_n: float, quick: bool, min_n: float = 10) -> list[int]:
 def add_arguments(p) -> None:
     p.add_argument("--quick", action="store_true",
                    help="N = 10 .. 10^4 and few repeats (well under a minute)")
-    p.add_argument("--json", default=DEFAULT_JSON, metavar="PATH",
-                   help="where to write the JSON results (default: bench/results/kernels.json "
-                        "in a clone, else fusedlp-bench-results/kernels.json here)")
+    _timing.add_json_argument(p, "kernels.json")
     p.add_argument("--kernels", default=",".join(FAMILIES),
                    help=f"comma-separated subset of {','.join(FAMILIES)} (default: all)")
     p.add_argument("--dtypes", default="float64,float32", help="comma-separated list of float64, float32 (default: float64,float32)")

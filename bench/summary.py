@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 import os
 
-from bench._timing import fmt_ratio, fmt_us, results_path
+from bench._timing import fmt_ratio, fmt_us, results_dir
 
-DEFAULT_RESULTS = os.path.dirname(results_path("summary"))
+DEFAULT_RESULTS = results_dir()
 SIZES = (10**4, 10**6, 10**7)
 # the order of the sections, and the file each one reads
 SECTIONS = ("studies", "kernels", "contexts", "hessian", "fuse", "fit", "sharding",

@@ -49,7 +49,6 @@ import numpy as np
 
 from bench import _timing
 
-DEFAULT_JSON = _timing.results_path("workloads.json")
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -604,9 +603,7 @@ def _fmt_val(v) -> str:
 def add_arguments(p) -> None:
     p.add_argument("--quick", action="store_true",
                    help="small sizes and one timed repeat (a smoke run, well under a minute)")
-    p.add_argument("--json", default=DEFAULT_JSON, metavar="PATH",
-                   help="where to write the JSON results (default: bench/results/workloads.json "
-                        "in a clone, else fusedlp-bench-results/workloads.json here)")
+    _timing.add_json_argument(p, "workloads.json")
     p.add_argument("--skip-nuts", action="store_true", help="leave out the NumPyro workloads")
 
 

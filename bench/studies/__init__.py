@@ -14,14 +14,13 @@ import sys
 import time
 from types import ModuleType
 
-from bench._timing import fmt_ratio, results_path
+from bench._timing import add_json_argument, fmt_ratio
 from bench.studies import broadcast, eam, jacobian, normal_ad, poisson
 from bench.studies._core import comparison_table, header, md_table, save_plot, table, us
 
 STUDIES: dict[str, ModuleType] = {
     m.NAME: m for m in (normal_ad, jacobian, broadcast, eam, poisson)
 }
-DEFAULT_JSON = results_path("studies.json")
 QUICK_ENV = "FUSEDLP_QUICK"
 
 
@@ -117,10 +116,8 @@ def add_arguments(p) -> None:
                    help="small sizes and few repeats: seconds per study (what CI runs)")
     p.add_argument("--study", action="append", metavar="NAME",
                    help=f"run only this study (repeatable; one of {', '.join(STUDIES)})")
-    p.add_argument("--json", default=DEFAULT_JSON, metavar="PATH",
-                   help="write every figure, check and the machine record here "
-                        "(default: bench/results/studies.json in a clone, else "
-                        "fusedlp-bench-results/studies.json here)")
+    add_json_argument(p, "studies.json",
+                      help="write every figure, check and the machine record here")
     p.add_argument("--plots", metavar="DIR", help="write one PNG per study (log-log time vs n)")
 
 
