@@ -32,8 +32,9 @@ SEED_EMBEDDING = (0.0, 1.0, 1.0, 0.25)
 # Edges: a very negative r overflows exp to +inf, so p = +inf and F(p) takes the sign of the
 # highest non-zero coefficient (+inf for the seed's F), never inf - inf = NaN. A <= 0,
 # beta <= 0 or any non-finite parameter gives NaN; NaN in an unmasked r propagates. Masked
-# entries may hold anything (padding): they are replaced before the exp (double where), so
-# they contribute nothing and receive a zero gradient.
+# entries may hold anything (padding), and r = +inf counts as masked: they are replaced
+# before the exp (double where), so they contribute nothing and get zero derivatives of
+# every order.
 
 
 def _params_ok(amp, beta, coeffs):
@@ -64,10 +65,11 @@ def _embed(coeffs, p):
 
 
 def _densities(r, mask, beta):
-    if mask is None:
-        return r, jnp.exp(-beta * r)
-    r = jnp.where(mask, r, 0.0)
-    return r, jnp.where(mask, jnp.exp(-beta * r), 0.0)
+    # r = +inf (a neighbour padded far away) acts as a mask: it is replaced before the exp
+    # (double where), or the beta-tangent of exp(-beta r) there is inf * 0 = NaN.
+    keep = r != jnp.inf if mask is None else mask
+    r = jnp.where(keep, r, 0.0)
+    return r, jnp.where(keep, jnp.exp(-beta * r), 0.0)
 
 
 def _energy(r, mask, amp, beta, coeffs):
@@ -104,9 +106,7 @@ def _eam_fwd(r, mask, amp, beta, coeffs):
     if amp.perturbed:
         da = nan_unless_ok(jnp.sum(df * s))
     if beta.perturbed:
-        # r e with r = +inf (a neighbour padded far away instead of masked) is inf * 0:
-        # min(r, largest float) keeps it 0 without a select in the reduction.
-        r_e = jnp.minimum(rs, jnp.finfo(rs.dtype).max) * e
+        r_e = rs * e  # rs is 0 wherever e was masked (r = +inf included)
         db = nan_unless_ok(-av * jnp.sum(df * jnp.sum(r_e, axis=-1)))
     if coeffs.perturbed:
         powers = p[..., None] ** jnp.arange(1, cv.shape[0] + 1, dtype=p.dtype)

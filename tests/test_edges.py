@@ -790,6 +790,27 @@ def test_eam_infinite_distance_is_a_neighbour_that_contributes_nothing(tol):
     np.testing.assert_allclose(db, db_ref, rtol=tol(np.float64)["grad"])
 
 
+def test_eam_infinite_distance_has_the_hessian_of_dropping_it(tol):
+    """The same padding under fusedlp.hessian and jax.hessian: the second derivatives in r,
+    A and beta equal those without the padded neighbour (they were NaN: the beta-tangent
+    of exp(-beta r) at r = +inf is inf * 0)."""
+    r = np.array([0.1, 0.4, INF, 0.7])
+    f = lambda r, a, b: eam(r, amp=a, beta=b)  # noqa: E731
+    for hess in (fusedlp.hessian, jax.hessian):
+        got = hess(f, argnums=(0, 1, 2))(r, 0.05, 3.0)
+        want = hess(f, argnums=(0, 1, 2))(np.delete(r, 2), 0.05, 3.0)
+        h_rr = np.asarray(got[0][0])
+        assert np.all(h_rr[2] == 0.0) and np.all(h_rr[:, 2] == 0.0)
+        np.testing.assert_allclose(np.delete(np.delete(h_rr, 2, 0), 2, 1), want[0][0],
+                                   rtol=tol(np.float64)["grad"])
+        for i in (1, 2):
+            assert np.asarray(got[i][0])[2] == 0.0
+            np.testing.assert_allclose(np.delete(np.asarray(got[i][0]), 2), want[i][0],
+                                       rtol=tol(np.float64)["grad"])
+            for j in (1, 2):
+                np.testing.assert_allclose(got[i][j], want[i][j], rtol=tol(np.float64)["grad"])
+
+
 def test_eam_overflow_next_to_underflow_has_no_nan_gradient():
     """One neighbour overflows the density (F'(p) = inf), another underflows it (e = 0):
     the value is +inf, the overflowing r gets -inf, the underflowed one 0, never NaN."""
