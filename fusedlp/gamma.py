@@ -23,8 +23,8 @@ from fusedlp._fuse import kernel
 # Edges: x < 0 and x = +inf are outside the support (-inf, zero partials). x = 0 is the
 # boundary, as in scipy: (alpha - 1) log 0 is -inf for alpha > 1 (value -inf, zero partials),
 # 0 for alpha = 1 (the exponential: value log(beta); d/dbeta = 1/beta, and by the convention
-# below d/dx = -beta and d/dalpha = log(beta) - digamma(1)), +inf for alpha < 1 (value +inf,
-# partials as they come). alpha <= 0, beta <= 0, either non-finite, or NaN anywhere: NaN.
+# below d/dx = -beta and d/dalpha = log(beta) - digamma(1)), +inf for alpha < 1 (value +inf;
+# the partials of the finite part, log x read as 0: d/dbeta = alpha/beta). alpha <= 0, beta <= 0, either non-finite, or NaN anywhere: NaN.
 #
 # Written for XLA:CPU (see fusedlp.fuse), where a select in a summed expression keeps the
 # sum from being one vectorised pass: a select *after* the log costs the most, a select on
@@ -48,8 +48,10 @@ def _gamma_element(x, shape, rate):
     rx = rate * jnp.where(inside, x, 1.0)
     prod = (rx > jnp.finfo(rx.dtype).tiny) & (rx < jnp.inf)
     log_rx = jnp.where(prod, jnp.log(jnp.where(prod, rx, 1.0)), log_rate + log_x)
-    lp = log_rate + a1 * log_rx - jsp.gammaln(shape) - rate * x + at_zero
-    lp = jnp.minimum(lp, (2.0 * (x >= 0) - 1.0) * jnp.inf)  # x < 0: -inf (NaN stays NaN)
+    lp = log_rate + a1 * log_rx - jsp.gammaln(shape) - rate * x
+    # x < 0: -inf (NaN stays NaN). The +-inf at x = 0 is added after the minimum: a tie
+    # min(+inf, +inf) would send each side half the tangent.
+    lp = jnp.minimum(lp, (2.0 * (x >= 0) - 1.0) * jnp.inf) + at_zero
     # Above shape 2, R's dgamma: log(rate) + log Poisson(shape - 1 | rate x) in Loader's
     # form (fusedlp._special), free of the cancellation of shape log(rate) - lgamma(shape)
     # + (shape - 1) log x - rate x, which keeps 4 digits at shape = 1e14.

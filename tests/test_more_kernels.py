@@ -259,6 +259,13 @@ def test_boundaries_match_scipy():
         assert fusedlp.gamma_lpdf(0.0, a, 2.0) == ss.gamma.logpdf(0.0, a, scale=0.5)
     _, (dx, dr) = jax.value_and_grad(fusedlp.gamma_lpdf, argnums=(0, 2))(0.0, 1.0, 2.0)
     assert dr == 0.5 and dx == -2.0
+    # shape < 1 at x = 0 (+inf): the partials of the finite part, log x read as 0, whole in
+    # a sum (a tie in the support's minimum once sent each side half of them)
+    x = np.array([0.0, 0.7])
+    ds, dr = jax.grad(fusedlp.gamma_lpdf, argnums=(1, 2))(x, 0.5, 3.0)
+    np.testing.assert_allclose(dr, 2 * 0.5 / 3.0 - 0.7, rtol=1e-14)
+    want_ds = 2 * (math.log(3.0) - sps.digamma(0.5)) + math.log(0.7)
+    np.testing.assert_allclose(ds, want_ds, rtol=1e-14)
     # negative binomial at mean 0: k = 0 exactly 0 with d/dmean = -1
     v, d = jax.value_and_grad(fusedlp.negative_binomial_lpmf, argnums=1)(0, 0.0, 3.0)
     assert v == 0.0 and d == -1.0
