@@ -269,6 +269,9 @@ def test_boundaries_match_scipy():
     # negative binomial at mean 0: k = 0 exactly 0 with d/dmean = -1
     v, d = jax.value_and_grad(fusedlp.negative_binomial_lpmf, argnums=1)(0, 0.0, 3.0)
     assert v == 0.0 and d == -1.0
+    # k > 0 at mean 0: -inf with zero partials (fuse's edge rule; docs/kernels.md, Edges)
+    v, d = jax.value_and_grad(fusedlp.negative_binomial_lpmf, argnums=(1, 2))(3, 0.0, 3.0)
+    assert v == -INF and d == (0.0, 0.0)
     # binomial with n = 0: k = 0 has probability 1
     v, d = jax.value_and_grad(fusedlp.binomial_logit_lpmf, argnums=2)(0, 0, 1.3)
     assert v == 0.0 and d == 0.0
