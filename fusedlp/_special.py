@@ -427,6 +427,8 @@ def _take(table, idx):
 @_take.def_vmap
 def _take_batched(axis_size, in_batched, table, idx):
     del axis_size
+    if not any(in_batched):  # batched tangents of the table only (forward mode)
+        return jnp.take(table, idx), False
     if in_batched[0]:  # a batch of tables
         out = _xla.over_members(jnp.take, in_batched)(table, idx)
     else:

@@ -376,6 +376,9 @@ def fast_or_exact(n: int, fast: Callable, exact: Callable, *arrays,
 
         @chosen.def_vmap
         def _in_a_batch(axis_size, in_batched, *a):
+            if not any(in_batched):  # batched tangents only (forward mode)
+                out = exact(*a)
+                return out, jax.tree.map(lambda _: False, out)
             # a batch of small problems is one large pass: the threshold counts all of it
             total = n * axis_size
             each = (functools.partial(fast_or_exact, total, fast, exact,

@@ -24,7 +24,8 @@ from fusedlp._fuse import kernel
 # boundary, as in scipy: (alpha - 1) log 0 is -inf for alpha > 1 (value -inf, zero partials),
 # 0 for alpha = 1 (the exponential: value log(beta); d/dbeta = 1/beta, and by the convention
 # below d/dx = -beta and d/dalpha = log(beta) - digamma(1)), +inf for alpha < 1 (value +inf;
-# the partials of the finite part, log x read as 0: d/dbeta = alpha/beta). alpha <= 0, beta <= 0, either non-finite, or NaN anywhere: NaN.
+# the partials of the finite part, log x read as 0: d/dbeta = alpha/beta). alpha <= 0,
+# beta <= 0, either non-finite, or NaN anywhere: NaN.
 #
 # Written for XLA:CPU (see fusedlp.fuse), where a select in a summed expression keeps the
 # sum from being one vectorised pass: a select *after* the log costs the most, a select on

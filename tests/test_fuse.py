@@ -312,6 +312,17 @@ def test_third_derivatives_forward_over_the_hessian(rng):
         np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10 * np.abs(want).max())
 
 
+def test_table_lookup_under_forward_mode_with_only_tangents_batched():
+    """The count tables' lookup (a custom_vmap) when jacfwd batches the table's tangents
+    and nothing else: its batching rule recursed without end (not reached by a kernel
+    today, whose tables are constants)."""
+    from fusedlp import _special
+
+    table, idx = jnp.arange(5.0), jnp.array([1, 3, 3])
+    got = jax.jacfwd(lambda t: _special.lookup(t * table, idx))(2.0)
+    np.testing.assert_array_equal(got, [1.0, 3.0, 3.0])
+
+
 @pytest.mark.parametrize("n", [12, 20000], ids=["exact-path", "cond-path"])
 def test_undifferentiated_arguments_cost_nothing(n):
     """symbolic_zeros: differentiating fewer arguments traces fewer partials (jvps)."""
