@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import functools
 import inspect
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 
-from fusedlp import _checks
+from fusedlp import _checks, _xla
 from fusedlp.eam import eam_energy
 
 
@@ -50,22 +49,48 @@ def pointwise(kernel: Callable[..., jax.Array], *args, **kwargs) -> jax.Array:
     if kernel is eam_energy:
         raise TypeError("pointwise: eam_energy's terms are per site, not per element; "
                         "use jax.vmap(eam_energy) over the sites")
+    # The arrays are the parameters that bind by position or by their name (``*params`` of
+    # a fused element function too); keyword-only options, and a ``**options`` catch-all,
+    # pass through as given. Each element call binds them again by name, so that one
+    # given by name after a skipped default is mapped too.
+    signature = inspect.signature(kernel)
+    bound = signature.bind(*args, **kwargs)
+    slots, arrays = [], []
+    for name, value in bound.arguments.items():
+        kind = signature.parameters[name].kind
+        if kind is inspect.Parameter.VAR_POSITIONAL:
+            slots += [(name, i) for i in range(len(value))]
+            arrays += [jnp.asarray(a) for a in value]
+        elif kind in (inspect.Parameter.POSITIONAL_ONLY,
+                      inspect.Parameter.POSITIONAL_OR_KEYWORD):
+            slots.append((name, None))
+            arrays.append(jnp.asarray(value))
+
+    def call(values):
+        arguments = dict(bound.arguments)
+        for (name, i), a in zip(slots, values):
+            if i is None:
+                arguments[name] = a
+            else:
+                arguments[name] = arguments[name][:i] + (a,) + arguments[name][i + 1:]
+        b = inspect.BoundArguments(signature, arguments)
+        return kernel(*b.args, **b.kwargs)
+
     # the kernel's own checks first, with its own messages naming the argument: shapes and
     # dtypes at trace time, and values where validation is asked for and they are concrete
     # (inside the vmap below every input is traced)
-    if kwargs.get("validate_args", _checks.validation_enabled()) and _checks.is_concrete(
-            args, kwargs):
-        kernel(*args, **kwargs)
+    if _checks.want_validation(kwargs.get("validate_args")) and _checks.is_concrete(arrays):
+        call(arrays)
     else:
-        jax.eval_shape(functools.partial(kernel, **kwargs), *args)
-    # the arrays are what binds by position (``*params`` of a fused element function
-    # too); keyword-only options, and a ``**options`` catch-all, pass through as given
-    bound = inspect.signature(kernel).bind(*args, **kwargs)
-    arrays, options = [jnp.asarray(a) for a in bound.args], bound.kwargs
+        jax.eval_shape(call, arrays)
     shape = jnp.broadcast_shapes(*(a.shape for a in arrays))
-    flat = [jnp.broadcast_to(a, shape).reshape(-1) for a in arrays]
+    # on a mesh with Explicit axes, the broadcast arguments take the split one's sharding:
+    # vmap maps only arrays split alike
+    sharding = next((sh for a in arrays if a.shape == shape
+                     for sh in [_xla.split_sharding(a)] if sh is not None), None)
+    flat = [jnp.broadcast_to(a, shape, out_sharding=sharding).reshape(-1) for a in arrays]
 
     def one(*elements):
-        return kernel(*elements, **options)
+        return call(elements)
 
     return jax.vmap(one)(*flat).reshape(shape)

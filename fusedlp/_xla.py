@@ -381,9 +381,12 @@ def fast_or_exact(n: int, fast: Callable, exact: Callable, *arrays,
                 return out, jax.tree.map(lambda _: False, out)
             # a batch of small problems is one large pass: the threshold counts all of it
             total = n * axis_size
+            # (not on data split over an Explicit mesh: jax 0.10.2 loses the mesh when it
+            # batches the inner choice's custom_jvp under jit, docs/sharding.md)
+            split = any(split_sharding(x) is not None for x in jax.tree.leaves(a))
             each = (functools.partial(fast_or_exact, total, fast, exact,
                                       exact_blocks=exact_blocks, accurate=accurate)
-                    if total > SMALL else exact)
+                    if total > SMALL and not split else exact)
             out = over_members(each, in_batched)(*a)
             return out, all_batched(out)
 

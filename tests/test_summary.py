@@ -16,6 +16,7 @@ import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import scipy.stats
 
 import fusedlp
 
@@ -356,3 +357,28 @@ def test_pointwise_any_fused_signature_and_the_kernels_own_checks(rng):
     with fusedlp.validation(), pytest.raises(ValueError, match="non-negative integer"):
         fusedlp.pointwise(fusedlp.poisson_lpmf, np.array([1.5]), 1.0)
     assert np.all(np.isnan(fusedlp.pointwise(fusedlp.normal_lpdf, x, 0.0, -1.0)))
+
+
+def test_pointwise_maps_arrays_given_by_name_after_a_skipped_default(rng):
+    """An array given by name after a parameter left at its default is broadcast and
+    mapped like the others (it was passed whole to every element call: each term summed
+    over all the scales)."""
+    x, scale = rng.normal(size=(4, 3)), rng.uniform(0.5, 2.0, size=(4, 1))
+    np.testing.assert_allclose(fusedlp.pointwise(fusedlp.normal_lpdf, x, scale=scale),
+                               scipy.stats.norm.logpdf(x, 0.0, scale), rtol=1e-12)
+    assert fusedlp.pointwise(fusedlp.normal_lpdf, x[0], scale=scale).shape == (4, 3)
+    np.testing.assert_allclose(fusedlp.pointwise(fusedlp.student_t_lpdf, x, 3.0, scale=scale),
+                               scipy.stats.t.logpdf(x, 3.0, 0.0, scale), rtol=1e-12)
+    laplace = fusedlp.fuse(lambda x, loc=0.0, scale=1.0: -jnp.abs(x - loc) / scale
+                           - jnp.log(2 * scale))
+    np.testing.assert_allclose(fusedlp.pointwise(laplace, x, scale=scale),
+                               scipy.stats.laplace.logpdf(x, 0.0, scale), rtol=1e-12)
+
+
+def test_pointwise_validation_setting_and_lists():
+    """validate_args=None is the global setting, as for the kernels; a list of booleans is
+    the Bernoulli's outcome, as the kernel reads it."""
+    with fusedlp.validation(), pytest.raises(ValueError, match="`rate`"):
+        fusedlp.pointwise(fusedlp.poisson_lpmf, [1, 2], [1.0, -1.0], validate_args=None)
+    np.testing.assert_allclose(fusedlp.pointwise(fusedlp.bernoulli_logit_lpmf, [True, False],
+                                                 0.0), [-np.log(2.0)] * 2, rtol=1e-15)
