@@ -418,7 +418,8 @@ def main(args) -> int:
     print(_timing.targets_md(targets))
     if args.json:
         _timing.write_json(args.json, {
-            "benchmark": "fusedlp.fuse", "machine": machine, "config": cfg, "sizes": sizes,
+            "benchmark": "fusedlp.fuse", "machine": machine,
+            "config": {**cfg, "quick": bool(args.quick)}, "sizes": sizes,
             "results": results, "targets": targets}, wall)
         log(f"# wrote {args.json} ({wall:.0f} s)")
     return 0

@@ -85,13 +85,24 @@ def _time(calls: dict, cfg: dict) -> dict:
                                     max_total=cfg["max_total"], collect=1.0)
 
 
-def _row(name, fused_warm, compile_s, baselines, agreement, extra=None, rerun=None) -> dict:
+def _first_call(job, *args):
+    """``(job(*args), seconds)``: the compiled job's first call, on the data as NumPy
+    arrays, as a one-off job has them (the copy to the device included). Jax arrays of
+    them for the warm calls after it: a job called again holds its data on the device."""
+    t0 = time.perf_counter()
+    out = jax.block_until_ready(job(*args))
+    return out, time.perf_counter() - t0, jax.device_put(args)
+
+
+def _row(name, fused_warm, compile_s, baselines, agreement, extra=None, rerun=None,
+         first_s=None) -> dict:
     """One workload's row: fusedlp's warm/compile/cold and each baseline's time + ratios;
-    with ``rerun`` (`rerun_times`), the job in a fresh process with a filled compilation
-    cache and its ratios too."""
-    cold = fused_warm + compile_s
+    cold is a one-off job in this process: tracing, compiling and the first call
+    (``first_s``; the warm time where there is none). With ``rerun`` (`rerun_times`), the
+    job in a fresh process, also with a filled compilation cache, and its ratios too."""
+    cold = compile_s + (fused_warm if first_s is None else first_s)
     row = {"workload": name, "fusedlp_warm_s": fused_warm, "fusedlp_compile_s": compile_s,
-           "fusedlp_cold_s": cold,
+           "fusedlp_first_call_s": first_s, "fusedlp_cold_s": cold,
            "baselines": {b: {"s": t, "ratio_warm": t / fused_warm, "ratio_cold": t / cold}
                          for b, t in baselines.items()},
            "agreement": agreement, **(extra or {})}
@@ -196,7 +207,7 @@ def many_glms(cfg: dict, log) -> dict:
     job_fn, (X, ks) = many_glms_job(cfg)
     B, n, p = X.shape
     job, lower_s, compile_s = _timing.aot_compile(job_fn, X, ks)
-    res, s = job(X, ks)
+    (res, s), first_s, dev = _first_call(job, X, ks)
     n_glum = cfg["glum_subset"]
 
     def statsmodels_loop():
@@ -217,7 +228,7 @@ def many_glms(cfg: dict, log) -> dict:
     ref = [sm.GLM(ks[b], X[b], family=sm.families.Poisson()).fit(tol=1e-13) for b in range(B)]
     ref_params = np.stack([r.params for r in ref])
     ref_bse = np.stack([r.bse for r in ref])
-    stats = _time({"fusedlp": functools.partial(job, X, ks), "statsmodels": statsmodels_loop,
+    stats = _time({"fusedlp": functools.partial(job, *dev), "statsmodels": statsmodels_loop,
                    "glum_subset": glum_loop}, cfg)
     glum_params = np.stack([c for c, _ in glum_loop()])
     glum_per_fit = stats["glum_subset"].median / n_glum
@@ -232,7 +243,7 @@ def many_glms(cfg: dict, log) -> dict:
          "glum_params_max_rel_vs_statsmodels": _max_rel(glum_params, ref_params[:n_glum]),
          "newton_steps_median": float(np.median(np.asarray(res.num_steps)))},
         {"glum_subset": n_glum, "timing": {k: v.as_dict() for k, v in stats.items()}},
-        _rerun("many", cfg, log))
+        _rerun("many", cfg, log), first_s)
 
 
 # ------------------------------------------------------------------------- big GLM
@@ -270,7 +281,7 @@ def big_glm(cfg: dict, log) -> dict:
     n, p = X.shape
     init = {"beta": jnp.zeros(p)}  # for the L-BFGS fit below
     job, lower_s, compile_s = _timing.aot_compile(job_fn, X, k)
-    res, s = job(X, k)
+    (res, s), first_s, dev = _first_call(job, X, k)
 
     def statsmodels_job():
         r = sm.GLM(k, X, family=sm.families.Poisson()).fit()
@@ -284,7 +295,7 @@ def big_glm(cfg: dict, log) -> dict:
     ref = sm.GLM(k, X, family=sm.families.Poisson()).fit(tol=1e-13)
     sm_default = sm.GLM(k, X, family=sm.families.Poisson()).fit()
     glum_coef, _ = glum_job()
-    stats = _time({"fusedlp": functools.partial(job, X, k), "statsmodels": statsmodels_job,
+    stats = _time({"fusedlp": functools.partial(job, *dev), "statsmodels": statsmodels_job,
                    "glum": glum_job}, cfg)
     warm = stats["fusedlp"].median
     log(f"  big GLM: fusedlp {warm:.3f} s ({int(res.num_steps)} steps), statsmodels "
@@ -301,7 +312,8 @@ def big_glm(cfg: dict, log) -> dict:
          "lbfgs_status": fusedlp.FitStatus(int(lbfgs.status)).name,
          "lbfgs_steps": int(lbfgs.num_steps),
          "lbfgs_params_max_rel_vs_statsmodels": _max_rel(lbfgs.params["beta"], ref.params)},
-        {"timing": {k: v.as_dict() for k, v in stats.items()}}, _rerun("big", cfg, log))
+        {"timing": {k: v.as_dict() for k, v in stats.items()}}, _rerun("big", cfg, log),
+        first_s)
 
 
 # ----------------------------------------------------------------- logit and NB2
@@ -356,7 +368,7 @@ def statsmodels_models(cfg: dict, log) -> list[dict]:
     for name, dataset, sm_fit, sm_tight, order in cases:
         job_fn, data = jobs[dataset]
         job, lower_s, compile_s = _timing.aot_compile(job_fn, *data)
-        res, s = job(*data)
+        (res, s), first_s, dev = _first_call(job, *data)
 
         def statsmodels_job(sm_fit=sm_fit):
             r = sm_fit()
@@ -369,7 +381,7 @@ def statsmodels_models(cfg: dict, log) -> list[dict]:
                    NegativeBinomial(kr, Xr, loglike_method="nb2").fit(
                        start_params=first.params, method="newton", tol=1e-14, maxiter=100,
                        disp=0))
-            stats = _time({"fusedlp": functools.partial(job, *data),
+            stats = _time({"fusedlp": functools.partial(job, *dev),
                            "statsmodels": statsmodels_job}, cfg)
         d = s.to_dict()
         warm = stats["fusedlp"].median
@@ -384,7 +396,8 @@ def statsmodels_models(cfg: dict, log) -> list[dict]:
              "se_max_rel_vs_statsmodels": _max_rel(order(d["std_err"]), ref.bse),
              "loglik_rel_diff": abs(d["loglik"] - ref.llf) / abs(ref.llf),
              "statsmodels_default_params_max_rel": _max_rel(first.params, ref.params)},
-            {"timing": {k: v.as_dict() for k, v in stats.items()}}, _rerun(dataset, cfg, log)))
+            {"timing": {k: v.as_dict() for k, v in stats.items()}}, _rerun(dataset, cfg, log),
+            first_s))
     return rows
 
 
@@ -472,7 +485,7 @@ def nuts(cfg: dict, log) -> list[dict]:
     variants = {("poisson", "numpyro"): (False, True), ("poisson", "fusedlp"): (True, True),
                 ("poisson", "fusedlp, normalized=False"): (True, False),
                 ("logistic", "numpyro"): (False, True), ("logistic", "fusedlp"): (True, True)}
-    samplers, mcmcs, res = {}, {}, {}
+    samplers, res = {}, {}
     for (family, who), (fused, normalized) in variants.items():
         mcmc = MCMC(NUTS(functools.partial(model, family=family, fused=fused,
                                            normalized=normalized)),
@@ -482,29 +495,36 @@ def nuts(cfg: dict, log) -> list[dict]:
         t0 = time.perf_counter()
         mcmc.warmup(jax.random.key(0), X, y)
         warmup_s = time.perf_counter() - t0
-        warm = mcmc.last_state
+        kernel, warm = mcmc.sampler, mcmc.last_state
 
-        def sample(mcmc=mcmc, warm=warm, y=y):
-            # every run starts from the warmed-up state: the same draws and steps each time
-            mcmc.post_warmup_state = warm
-            mcmc.run(warm.rng_key, X, y, extra_fields=("num_steps",))
-            jax.block_until_ready(mcmc.get_samples())
+        def draws(state, kernel=kernel, y=y):
+            # NUTS's transitions from the warmed-up state, in one compiled scan; the data
+            # closed over, as MCMC.run has them (jit_model_args=False, its default)
+            def step(s, _):
+                s = kernel.sample(s, (X, y), {})
+                return s, (s.z["beta"], s.num_steps)
+            return jax.lax.scan(step, state, None, length=cfg["nuts_samples"])[1]
 
-        samplers[f"{family}: {who}"], mcmcs[family, who] = sample, mcmc
-        res[family, who] = {"warmup_s_incl_compile": warmup_s}
-    # the sampling runs, after one each that compiles the sampling phase: every sampler once
-    # per round, in a fresh random order, so that a slow phase of the host falls on all of
-    # them alike (bench/_timing.py); the median run per sampler
+        # compiled once, ahead of the timing: MCMC.run jits its sampling loop anew on every
+        # call (numpyro 0.22's fori_collect passes a new jit object as a static argument),
+        # so timing MCMC.run would time that compile each round
+        compiled, lower_s, compile_s = _timing.aot_compile(draws, warm)
+        samplers[f"{family}: {who}"] = functools.partial(compiled, warm)
+        res[family, who] = {"warmup_s_incl_compile": warmup_s,
+                            "sampling_trace_s": lower_s, "sampling_compile_s": compile_s}
+    # every sampler once per round, in a fresh random order, so that a slow phase of the
+    # host falls on all of them alike (bench/_timing.py); the median run per sampler. Every
+    # run starts from the same warmed-up state: the same draws and steps each time.
     stats = _timing.time_interleaved(samplers, min_repeats=cfg["nuts_rounds"], min_total=0.0,
                                      max_total=0.0, collect=1.0)
-    for (family, who), mcmc in mcmcs.items():
-        steps = int(np.sum(mcmc.get_extra_fields()["num_steps"]))
-        draws = np.asarray(mcmc.get_samples()["beta"])
+    for (family, who) in variants:
+        beta_draws, num_steps = (np.asarray(a) for a in samplers[f"{family}: {who}"]())
+        steps = int(np.sum(num_steps))
         st = stats[f"{family}: {who}"]
         res[family, who].update(
             sampling_s=st.median, sampling_timing=st.as_dict(), leapfrog_steps=steps,
-            s_per_leapfrog=st.median / steps, posterior_mean=draws.mean(0).tolist(),
-            posterior_sd=draws.std(0).tolist())
+            s_per_leapfrog=st.median / steps, posterior_mean=beta_draws.mean(0).tolist(),
+            posterior_sd=beta_draws.std(0).tolist())
 
     rows = []
     for (family, who), (fused, normalized) in variants.items():
@@ -622,8 +642,29 @@ def run(quick: bool, skip_nuts: bool = False, log=None) -> dict:
             eam_fit(cfg, log)]
     if not skip_nuts:
         rows += nuts(cfg, log)
+    check_agreement(rows)
     return {"benchmark": "fusedlp workloads", "machine": machine, "config": cfg, "rows": rows,
             "targets": evaluate_targets(rows), "wall_s": time.perf_counter() - t0}
+
+
+def check_agreement(rows: list[dict]) -> None:
+    """Raise unless fusedlp did the same job as the baselines it is timed against: every
+    fit converged, estimates within 1e-6 of statsmodels run to a tight tolerance (the
+    issue's bar), the NUTS posterior means within half a posterior sd of NumPyro's own."""
+    bad = []
+    for row in rows:
+        a, name = row["agreement"], row["workload"]
+        if a.get("converged", a.get("of")) != a.get("of"):
+            bad.append(f"{name}: {a['converged']} of {a['of']} converged")
+        if a.get("status", "CONVERGED") != "CONVERGED":
+            bad.append(f"{name}: {a['status']}")
+        if a.get("params_max_rel_vs_statsmodels", 0.0) > 1e-6:
+            bad.append(f"{name}: params {a['params_max_rel_vs_statsmodels']:.2g} off")
+        if a.get("max_posterior_mean_diff_in_sd", 0.0) > 0.5:
+            bad.append(f"{name}: posterior means {a['max_posterior_mean_diff_in_sd']:.2g} sd "
+                       "apart")
+    if bad:
+        raise RuntimeError("fusedlp did not do the baselines' job: " + "; ".join(bad))
 
 
 def main(args) -> int:
