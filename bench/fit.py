@@ -352,9 +352,11 @@ def main(args) -> int:
             "machine": machine,
             "config": cfg,
             "method": ("normal fit, scalar loc and log_scale, float64; fit and python loop "
-                       "run K Adam steps (tol = atol = 0), per step = median / K; all "
-                       "variants of one N timed round-robin (bench/_timing.py); jax AOT "
-                       "compiled; median reported, min/IQR kept"),
+                       "run K Adam steps (tol = atol = 0), per step = median / K; the "
+                       "variants of one N timed round-robin (bench/_timing.py), except the "
+                       "numba value-and-gradient call, timed after them with timeit (many "
+                       "calls per sample: one takes microseconds); jax AOT compiled; median "
+                       "reported, min/IQR kept"),
             "results": results,
             "targets": targets,
         }, wall)

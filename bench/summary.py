@@ -186,9 +186,14 @@ def section(name: str, doc: dict) -> str:
             else "### Whole jobs, on the GPU (`python -m bench workloads`)",
             "Each job timed from start to finish (fit, then its standard errors or summary) "
             "against what a user would otherwise run. fusedlp warm: the median of repeated "
-            "calls of the compiled job; compile: the one-off lower + compile; cold: their sum. "
+            "calls of the compiled job, its data on the device; compile: the one-off lower + "
+            "compile; cold: compile + the first call, on NumPy data (runs before 2026-11-29, "
+            "the GPU's among them: compile + warm). "
             "baseline: what fusedlp is compared with, then its time; ratio: the baseline's "
-            "time / fusedlp's (above 1, fusedlp is faster). NUTS rows: time per leapfrog step. "
+            "time / fusedlp's (above 1, fusedlp is faster). NUTS rows: time per leapfrog step, "
+            "the sampling loop compiled once (runs before 2026-11-29, the GPU's among them, "
+            "timed `MCMC.run`, which compiles its loop again on every call: a compile in "
+            "every step's time). "
             "The agreement table: how far fusedlp's estimates are from statsmodels' (EAM: "
             "from the true parameters; NUTS: between the two posteriors, in posterior sds).",
             machine_line(doc), workloads.table(doc["rows"]).strip(),

@@ -674,8 +674,8 @@ def main(args) -> int:
     print(f"{m['date']}: {m['cpu_model']}, {m['cpu_count']} cores ({m['platform']}); jax "
           f"{m['jax']} ({m['backend']}). Wall time {doc['wall_s']:.0f} s"
           + (" (quick: small sizes)" if doc["config"]["quick"] else "") + ".\n")
-    print("Ratios: baseline time / fusedlp time (above 1: fusedlp is faster). cold = warm + "
-          "compile. run again: the job in a fresh Python process whose JAX persistent "
+    print("Ratios: baseline time / fusedlp time (above 1: fusedlp is faster). cold = compile + "
+          "the first call. run again: the job in a fresh Python process whose JAX persistent "
           "compilation cache an earlier process filled (tracing, reading the program, first "
           "call).\n")
     print(table(doc["rows"]))

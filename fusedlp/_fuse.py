@@ -899,7 +899,8 @@ def fuse(
     naming the argument, empty inputs give ``0.0``. It composes with ``jit``, ``vmap``,
     ``grad`` and :func:`fusedlp.hessian` (reverse over reverse; ``jax.hessian``, forward
     over reverse, works too, and ``jax.jacfwd`` of either gives third derivatives, while
-    ``jax.jvp`` of the kernel itself and a third reverse pass do not), and with data
+    ``jax.jvp`` of the kernel itself, and a third reverse pass over more than one element,
+    do not), and with data
     sharded over a mesh, ``Auto`` or ``Explicit`` axes (on ``Explicit`` ones each device
     runs ``f``'s ``vmap`` on its own block: ``shard_map``).
 
