@@ -236,7 +236,7 @@ def _run_sharding(args) -> int:
         "kernels": [k.strip() for k in args.kernels.split(",") if k.strip()],
         "dtypes": [d.strip() for d in (args.dtypes or "float64").split(",") if d.strip()],
         "sizes": sizes, "devices": args.devices, "async_dispatch": bool(args.async_dispatch),
-        "min_repeats": 5 if args.quick else 15,
+        "quick": bool(args.quick), "min_repeats": 5 if args.quick else 15,
         "min_total": 0.05 if args.quick else (args.min_time or 1.0),
         "max_total": 0.3 if args.quick else max(5.0, args.min_time or 0.0),
     }
@@ -410,7 +410,8 @@ def _run_throughput(args) -> int:
     print(throughput_table(results, copies, peak))
     if args.json:
         _timing.write_json(args.json, {"benchmark": "fusedlp throughput",
-                                       "machine": machine, "copy_bandwidth": copies,
+                                       "machine": machine, "config": {"quick": bool(args.quick)},
+                                       "copy_bandwidth": copies,
                                        "results": results}, wall)
         print(f"# wrote {args.json}", file=sys.stderr)
     return 0
