@@ -67,7 +67,7 @@ def _embed(coeffs, p):
 def _densities(r, mask, beta):
     # r = +inf (a neighbour padded far away) acts as a mask: it is replaced before the exp
     # (double where), or the beta-tangent of exp(-beta r) there is inf * 0 = NaN.
-    keep = r != jnp.inf if mask is None else mask
+    keep = r != jnp.inf if mask is None else mask & (r != jnp.inf)
     r = jnp.where(keep, r, 0.0)
     return r, jnp.where(keep, jnp.exp(-beta * r), 0.0)
 

@@ -796,6 +796,12 @@ def test_eam_infinite_distance_has_the_hessian_of_dropping_it(tol):
     of exp(-beta r) at r = +inf is inf * 0)."""
     r = np.array([0.1, 0.4, INF, 0.7])
     f = lambda r, a, b: eam(r, amp=a, beta=b)  # noqa: E731
+    # an r = +inf that a mask keeps is masked too (its beta-tangent was NaN there)
+    kept = lambda a, b: fusedlp.eam_energy(r, density=(a, b), mask=np.ones(4, bool))  # noqa: E731
+    np.testing.assert_allclose(
+        fusedlp.hessian(kept, (0, 1))(0.05, 3.0),
+        fusedlp.hessian(lambda a, b: f(np.delete(r, 2), a, b), (0, 1))(0.05, 3.0),
+        rtol=tol(np.float64)["grad"])
     for hess in (fusedlp.hessian, jax.hessian):
         got = hess(f, argnums=(0, 1, 2))(r, 0.05, 3.0)
         want = hess(f, argnums=(0, 1, 2))(np.delete(r, 2), 0.05, 3.0)
