@@ -86,9 +86,10 @@ def _time(calls: dict, cfg: dict) -> dict:
 
 
 def _first_call(job, *args):
-    """``(job(*args), seconds)``: the compiled job's first call, on the data as NumPy
-    arrays, as a one-off job has them (the copy to the device included). Jax arrays of
-    them for the warm calls after it: a job called again holds its data on the device."""
+    """``(job(*args), seconds, device copies of args)``: the compiled job's first call, on
+    the data as NumPy arrays, as a one-off job has them (the copy to the device included),
+    and jax arrays of them for the warm calls after it: a job called again holds its data
+    on the device."""
     t0 = time.perf_counter()
     out = jax.block_until_ready(job(*args))
     return out, time.perf_counter() - t0, jax.device_put(args)

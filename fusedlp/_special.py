@@ -428,7 +428,8 @@ def _take(table, idx):
 def _take_batched(axis_size, in_batched, table, idx):
     del axis_size
     if not any(in_batched):  # batched tangents of the table only (forward mode)
-        return jnp.take(table, idx), False
+        out = jnp.take(table, idx)
+        return out, _xla.none_batched(out)
     if in_batched[0]:  # a batch of tables
         out = _xla.over_members(jnp.take, in_batched)(table, idx)
     else:

@@ -191,6 +191,12 @@ def all_batched(out):
     return jax.tree.map(lambda _: True, out)
 
 
+def none_batched(out):
+    """A custom_vmap rule's ``out_batched`` for outputs shared by the batch (only tangents
+    were batched: forward mode)."""
+    return jax.tree.map(lambda _: False, out)
+
+
 def blockwise(fn: Callable, flat, batched, *, fallback: bool = False):
     """``fn(*flat)`` computed over blocks of `BLOCK` elements, in a loop.
 
@@ -229,7 +235,7 @@ def blockwise(fn: Callable, flat, batched, *, fallback: bool = False):
     def _by_members(axis_size, in_batched, *a):
         if not any(jax.tree.leaves(in_batched)):  # batched tangents only (forward mode)
             out = fn(*a)
-            return out, jax.tree.map(lambda _: False, out)
+            return out, none_batched(out)
         each = over_members(fn, in_batched)
         per = max(1, BLOCK // n)  # members per block
         size = (per if axis_size // per >= 2
@@ -378,7 +384,7 @@ def fast_or_exact(n: int, fast: Callable, exact: Callable, *arrays,
         def _in_a_batch(axis_size, in_batched, *a):
             if not any(in_batched):  # batched tangents only (forward mode)
                 out = exact(*a)
-                return out, jax.tree.map(lambda _: False, out)
+                return out, none_batched(out)
             # a batch of small problems is one large pass: the threshold counts all of it
             total = n * axis_size
             # (not on data split over an Explicit mesh: jax 0.10.2 loses the mesh when it

@@ -330,10 +330,9 @@ def check_pointwise_on_explicit_mesh(mesh):
     eagerly and under jit (vmap refused the mismatched specs of the broadcast scalar, and
     under jit a batch this large lost the mesh in jax's batching of a custom_jvp)."""
     d = _data(N_EVEN, np.float64)
-    x, k = d["x"], d["k"]
+    k = d["k"]
     # a hand-written kernel and a fuse-built one (all eight passed by hand; CI's time is short)
     calls = {"poisson_lpmf": (k, 2.0), "negative_binomial_lpmf": (k, d["rate"], 2.5)}
-    del x
     for name, args in calls.items():
         f = getattr(fusedlp, name)
         want = np.asarray(fusedlp.pointwise(f, *args))
